@@ -1,0 +1,21 @@
+"""colltrace: find which rank is missing from which collective, and where it is instead.
+
+Importing this package is cheap: torch is imported only by install().
+"""
+__version__ = "0.1.0"
+
+__all__ = ["install", "uninstall", "__version__"]
+
+
+def install() -> bool:
+    """Trace this process's torch.distributed collectives. Idempotent; returns True if active."""
+    from colltrace import shim
+
+    return shim.install()
+
+
+def uninstall() -> None:
+    """Restore torch.distributed's original functions and close this rank's trace."""
+    from colltrace import shim
+
+    shim.uninstall()

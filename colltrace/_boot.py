@@ -1,0 +1,63 @@
+"""Start-up hook: runs in every interpreter through colltrace.pth / colltrace.start.
+
+It must cost almost nothing when colltrace is off, so it imports nothing beyond what the
+interpreter already has and returns after one environment lookup.
+"""
+import os
+import sys
+
+_ACTIVE = False
+
+
+def enabled(environ=os.environ) -> bool:
+    return environ.get("COLLTRACE", "").strip() not in ("", "0")
+
+
+def activate() -> None:
+    """Arrange for torch.distributed to be patched when it is imported (or now, if it is)."""
+    global _ACTIVE
+    if _ACTIVE or not enabled():
+        return
+    _ACTIVE = True
+    try:
+        if "torch.distributed.distributed_c10d" in sys.modules:
+            from colltrace import install
+
+            install()
+        else:
+            sys.meta_path.insert(0, _TorchDistributedFinder())
+    except Exception as exc:  # never break the user's interpreter start
+        sys.stderr.write(f"colltrace: disabled, start-up hook failed: {exc!r}\n")
+
+
+class _TorchDistributedFinder:
+    """Waits for torch.distributed.distributed_c10d, patches it right after it executes.
+
+    Patching at that point (before torch.distributed's `from .distributed_c10d import *`)
+    means every later by-name import, the package namespace included, gets the wrappers.
+    """
+
+    _TARGET = "torch.distributed.distributed_c10d"
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self._TARGET:
+            return None
+        sys.meta_path.remove(self)
+        import importlib.util
+
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return None
+        real_exec = spec.loader.exec_module
+
+        def exec_module(module):
+            real_exec(module)
+            try:
+                from colltrace import install
+
+                install()
+            except Exception as exc:
+                sys.stderr.write(f"colltrace: disabled, could not patch torch.distributed: {exc!r}\n")
+
+        spec.loader.exec_module = exec_module
+        return spec

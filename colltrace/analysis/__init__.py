@@ -1,0 +1,49 @@
+"""The analyzer: a snapshot (plain data, docs/design.md) in, findings (shared/CONTRACT.md) out.
+
+Pure and deterministic: no I/O, no torch, everything sorted. Used live by the watchdog and
+post-mortem by `colltrace analyze`.
+
+    findings = analyze(snapshot, stall_s=30.0, now=time.time())
+    print(render_report(findings))
+
+Kinds: mismatch, dead_rank, deadlock, stall (stage "arrival", "completion" or, for p2p,
+"unverified"), unmatched_p2p (HANG_KINDS), and duplicate_data (COLLTRACE_DIGEST: ranks that
+should send their own data send identical bytes; not a hang). Modules: snapshot (validated view of the input), matching
+(do the ranks' calls agree), waitgraph (who waits for whom, cycles), findings (the verdicts),
+report (the text).
+"""
+from __future__ import annotations
+
+import gc
+
+from colltrace.analysis import report
+from colltrace.analysis.findings import HANG_KINDS, Verdicts
+from colltrace.analysis.report import paragraph, render_report, render_stack_classes  # noqa: F401
+from colltrace.analysis.snapshot import Snapshot
+
+__all__ = ["analyze", "render_report", "paragraph", "render_stack_classes", "report", "HANG_KINDS"]
+
+
+def analyze(snap: dict, stall_s: float, now: float) -> list[dict]:
+    """Every confirmed problem in the snapshot, as finding dicts, most important first.
+
+    `stall_s`: how long a collective may wait for ranks that have not arrived before it is a
+    stall (deadlocks, mismatches and dead ranks need no threshold). `now`: the time the
+    snapshot describes (time.time() live; the snapshot's taken_at post-mortem)."""
+    try:
+        stall_s = max(0.0, float(stall_s))
+    except (TypeError, ValueError):
+        stall_s = 30.0
+    try:
+        now = float(now)
+    except (TypeError, ValueError):
+        now = float((snap or {}).get("taken_at") or 0.0) if isinstance(snap, dict) else 0.0
+    # The pass makes many small objects and no reference cycles: the cyclic collector would
+    # only walk the (large) snapshot again and again.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return Verdicts(Snapshot(snap), stall_s, now).run()
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -1,0 +1,154 @@
+"""Whether what ranks entered agrees with what their peers entered.
+
+Collectives: every member entering number N on a group must run the same backend op with
+compatible arguments; the API names may differ (all_gather_object and all_gather both run
+allgather). p2p: a send numbered n between two ranks needs the peer's recv numbered n.
+"""
+from __future__ import annotations
+
+import bisect
+import operator
+
+from colltrace.analysis.snapshot import MATCHING_OP, UNEVEN_OPS, Rec, Snapshot, is_object_op, to_int
+
+FIELDS = ("op", "shapes", "dtypes", "reduce_op", "root")
+
+
+class Mismatch:
+    """Members that entered (group, seq) and disagree. `classes`: ranks that did the same."""
+
+    __slots__ = ("group", "seq", "differs", "classes", "records", "not_entered")
+
+    def __init__(self, group, seq, differs, classes, records, not_entered):
+        self.group = group
+        self.seq = seq
+        self.differs = differs          # fields that differ, in FIELDS order
+        self.classes = classes          # [{"ranks": [...], "op": ..., "backend_op": ..., <differing fields>}]
+        self.records = records          # rank -> raw record at (group, seq)
+        self.not_entered = not_entered  # members that have not reached it
+
+
+def _signature(raw: dict) -> tuple:
+    op = str(raw.get("op") or "unknown")
+    bop = raw.get("backend_op")
+    # "allgather_base" (ours) and "_allgather_base" (the Flight Recorder's) are one op
+    bop = (str(bop) if bop and bop != "unknown" else op).replace("_", "")
+    shapes = tuple(tuple(s) if isinstance(s, (list, tuple)) else (s,) for s in (raw.get("shapes") or ()))
+    dtypes = tuple(str(d) for d in (raw.get("dtypes") or ()))
+    redop = raw.get("reduce_op")
+    root = raw.get("root")
+    sig = (op, bop, shapes, dtypes, None if redop is None else str(redop), None if root is None else to_int(root))
+    try:
+        hash(sig)
+    except TypeError:  # a malformed shape (a table, say): compare its text
+        sig = (op, bop, (repr(raw.get("shapes")),), dtypes, sig[4], sig[5])
+    return sig
+
+
+_ALIKE = operator.itemgetter("op", "backend_op", "shapes", "dtypes", "reduce_op", "root", "seq")
+
+
+def _all_alike(raws) -> bool:
+    """The common case, at C speed: every record has the very same op and arguments."""
+    try:
+        vals = list(map(_ALIKE, raws))
+    except (KeyError, TypeError):
+        return False  # an incomplete record: the careful path below
+    return not vals or vals.count(vals[0]) == len(vals)
+
+
+def check_collective(snap: Snapshot, group: str, seq: int, at_hand: list[tuple[int, dict]]) -> Mismatch | None:
+    """Compare what the members that entered (group, seq) called. `at_hand`: (rank, raw record)
+    already known (the pending ones), so that only the other members' records are looked up."""
+    known, keys, _ = snap.arrivals(group)
+    i = bisect.bisect_left(keys, seq)
+    not_entered = [m for _, m in known[:i]]
+    records: dict[int, dict] = dict(at_hand)
+    if len(known) - i > len(records):   # members that entered and are not at hand: look them up
+        for _, m in known[i:]:
+            if m not in records:
+                r = snap.ranks[m].record_at(group, seq)
+                if r is not None:
+                    records[m] = r
+    if _all_alike(records.values()):
+        return None
+    # Only traced records that start at this number are comparable: a counted (untraced) op
+    # is never blamed, and one spanning several numbers started at an earlier one.
+    by_sig: dict[tuple, list[int]] = {}
+    for rank, raw in records.items():
+        try:
+            if raw.get("op") == "untraced" or to_int(raw["seq"]) != seq:
+                continue
+            sig = _signature(raw)
+        except (AttributeError, KeyError, TypeError, ValueError):
+            continue
+        by_sig.setdefault(sig, []).append(rank)
+    if len(by_sig) < 2:
+        return None
+    sigs = list(by_sig)
+    differs = []
+    if len({s[1] for s in sigs}) > 1:
+        differs.append("op")
+    tensor_sigs = [s for s in sigs if not is_object_op(s[0])]
+    if len({s[2] for s in tensor_sigs if s[2] and s[1] not in UNEVEN_OPS}) > 1:
+        differs.append("shapes")
+    if len({s[3] for s in tensor_sigs if s[3]}) > 1:
+        differs.append("dtypes")
+    if len({s[4] for s in sigs if s[4] is not None}) > 1:
+        differs.append("reduce_op")
+    if len({s[5] for s in sigs if s[5] is not None}) > 1:
+        differs.append("root")
+    if not differs:
+        return None
+    # Classes: ranks alike in the API op and every differing field.
+    classes: dict[tuple, dict] = {}
+    for sig, ranks in by_sig.items():
+        op, bop, shapes, dtypes, redop, root = sig
+        proj = {"op": op, "backend_op": bop}
+        if "shapes" in differs:
+            proj["shapes"] = [list(s) for s in shapes]
+        if "dtypes" in differs:
+            proj["dtypes"] = list(dtypes)
+        if "reduce_op" in differs:
+            proj["reduce_op"] = redop
+        if "root" in differs:
+            proj["root"] = root
+        key = repr(sorted(proj.items()))
+        c = classes.setdefault(key, dict(proj, ranks=[]))
+        c["ranks"].extend(ranks)
+    out = []
+    for c in classes.values():
+        c["ranks"].sort()
+        if any(records[r].get("untraced") for r in c["ranks"]):
+            c["untraced"] = True   # named by the Flight Recorder: the trace did not see it
+        out.append(c)
+    out.sort(key=lambda c: c["ranks"][0])
+    kept = {r: records[r] for c in out for r in c["ranks"]}
+    return Mismatch(group, seq, differs, out, kept, sorted(not_entered))
+
+
+def p2p_status(snap: Snapshot, rec: Rec) -> tuple[str, int | None]:
+    """("posted" | "missing" | "unknown", the peer's count of matching ops toward this rank).
+
+    "missing" is claimed only when the peer's records prove it: its matching ops toward this
+    rank are in its window (newer ones always are, the window being the recent end), or its
+    window reaches back to its first record."""
+    opp = MATCHING_OP.get(rec.backend_op)
+    if rec.peer is None or opp is None:
+        return "unknown", None
+    peer = snap.ranks.get(rec.peer)
+    if peer is None:
+        return "unknown", None
+    if rec.per_pair_seq:
+        n = peer.posted(opp, rec.rank)
+        if n is None:
+            return "unknown", None
+        return ("posted" if n >= rec.seq else "missing"), n
+    # Object p2p (send_object_list & co) carry no per-pair number: match by time instead.
+    for p in peer.pending:
+        if p.backend_op == opp and p.peer == rec.rank:
+            return "posted", None
+    since = peer.posted_since(opp, rec.rank, rec.entered_at)
+    if since is None:
+        return "unknown", None
+    return ("posted" if since else "missing"), None

@@ -1,0 +1,395 @@
+"""The analyzer's view of one snapshot (docs/design.md): validated ranks and groups, and the
+lookups every verdict shares.
+
+A malformed rank entry makes that rank unreadable, never the analysis. Everything beyond the
+pending records is read lazily, so a 16k-rank snapshot costs about one pass over its records.
+"""
+from __future__ import annotations
+
+import bisect
+
+PENDING = frozenset(("waiting", "in_flight"))
+PENDING_OR_FAILED = PENDING | {"failed"}
+# What the backend runs for a p2p op -> what the peer must post to match it.
+MATCHING_OP = {"send": "recv", "recv": "send", "batch_p2p": "batch_p2p"}
+# A rank killed from outside within this many seconds after another rank ended (or this many
+# before) is part of a teardown, not a problem of its own.
+TEARDOWN_S = 2.0
+TEARDOWN_LEAD_S = 0.5
+# Ops whose tensors legitimately differ in shape across ranks (uneven splits).
+UNEVEN_OPS = frozenset(("alltoall", "alltoallbase"))   # backend op names without "_"
+
+
+class Unreadable(Exception):
+    """This rank's entry cannot be used; the message says why."""
+
+
+def to_int(x) -> int:
+    if isinstance(x, bool) or x is None:
+        raise TypeError(f"not an integer: {x!r}")
+    return int(x)
+
+
+def is_object_op(op: str) -> bool:
+    # all_gather_object & co carry pickled bytes: no tensor shapes to compare
+    return op.endswith("_object") or op.endswith("_object_list")
+
+
+class Rec:
+    """One pending record, validated. `raw` is the snapshot's own dict (shared, not copied)."""
+
+    __slots__ = ("raw", "rank", "id", "group", "seq", "op", "backend_op", "p2p", "peer", "state",
+                 "entered_at", "thread", "key")
+
+    def __init__(self, rank: int, raw: dict):
+        self.raw = raw
+        self.rank = rank
+        self.id = raw.get("id")
+        self.group = g = raw["group"]
+        if type(g) is not str:
+            self.group = str(g)
+        self.seq = seq = raw["seq"]
+        if type(seq) is not int:
+            self.seq = to_int(seq)
+        op = raw.get("op")
+        self.op = op = op if type(op) is str and op else str(op or "unknown")
+        bop = raw.get("backend_op")
+        self.backend_op = bop = bop if type(bop) is str and bop and bop != "unknown" else op
+        peer = raw.get("peer")
+        self.peer = peer if peer is None or type(peer) is int else to_int(peer)
+        # send_object_list / recv_object_list are recorded as non-p2p ops on the group with the
+        # peer as root: they pair with one rank like send/recv, so they are treated as p2p.
+        self.p2p = p2p = bool(raw.get("p2p")) or bop == "send" or bop == "recv"
+        if p2p and self.peer is None and raw.get("root") is not None:
+            self.peer = to_int(raw["root"])
+        self.state = raw["state"]
+        t = raw["entered_at"]
+        self.entered_at = t if type(t) is float else float(t)
+        th = raw.get("thread")
+        self.thread = th if type(th) is str else str(th or "")
+        self.key = None  # the wait graph's Key this record waits in
+
+    @property
+    def per_pair_seq(self) -> bool:
+        """p2p records numbered per pair (real p2p); object p2p carry the group's number."""
+        return bool(self.raw.get("p2p"))
+
+
+class RankView:
+    """One readable rank: its status, its current pending records and lazy lookups."""
+
+    def __init__(self, rank: int, entry):
+        if not isinstance(entry, dict):
+            raise Unreadable("entry is not a table")
+        self.rank = rank
+        self.entry = entry
+        self.status = str(entry.get("status") or "unknown")
+        self.host = entry.get("host")
+        self.pid = entry.get("pid")
+        if self.status == "unreadable":
+            raise Unreadable(str(entry.get("error") or "unreadable"))
+        ex = entry.get("exit")
+        self.exit = ex if isinstance(ex, dict) else None
+        recs = entry.get("records")
+        recs = [] if recs is None else recs
+        if not isinstance(recs, list):
+            raise TypeError("'records' is not a list")
+        self.records = recs
+        prog = entry.get("progress")
+        prog = {} if prog is None else prog
+        if not isinstance(prog, dict):
+            raise TypeError("'progress' is not a table")
+        self._progress = prog
+        self.stack = _frames(entry.get("stack"))
+        untraced = entry.get("untraced")
+        self.untraced = [u for u in untraced if isinstance(u, dict)] if isinstance(untraced, list) else []
+        fault = entry.get("fault")
+        if not self.stack and isinstance(fault, dict):
+            self.stack = _frames(fault.get("frames"))
+        self.dead = self.status in ("dead", "exited")
+        # died of its own fatal signal (faulthandler saw it), as opposed to killed from outside
+        self.fatal = self.status == "dead" and bool(self.exit and self.exit.get("signal"))
+        died = entry.get("died_at")
+        self.died_at = float(died) if isinstance(died, (int, float)) and not isinstance(died, bool) else None
+        self._entered: dict[str, int] = {}
+        self._posted: dict[tuple, int | None] = {}
+        self._last_active = None
+        self._complete = None
+        try:  # the common case, at C speed: every record a dict with a state
+            chosen = [r for r in recs if r["state"] != "completed"]
+        except (KeyError, TypeError):
+            chosen = [r for r in recs if isinstance(r, dict) and r.get("state") != "completed"]
+        chosen = [r for r in chosen if r.get("state") in PENDING_OR_FAILED] if chosen else chosen
+        self.pending = self._current_pending([Rec(rank, r) for r in chosen if r["state"] != "failed"])
+        self.failed = [r for r in chosen if r["state"] == "failed"]
+        self.classify(teardown=False)
+
+    def classify(self, teardown: bool) -> None:
+        """Set what its death means. A rank killed from outside (no fatal signal of its own) as
+        part of a teardown (the job killed by the scheduler, torchrun ending the others after a
+        failure, COLLTRACE_ON_HANG=abort) keeps its last state: it was waiting when it died, and
+        that wait still tells the story. A rank that crashed, exited, or was killed alone while
+        the job lives is a sink (it will never enter anything again) and a cause of its own."""
+        killed = self.status == "dead" and not self.fatal
+        self.teardown = killed and teardown
+        self.frozen = self.teardown and bool(self.pending)
+        self.sink = self.dead and not self.frozen
+        self.cause = self.dead and not self.teardown       # worth a dead_rank finding when waited for
+        self.alone = self.fatal or (killed and not teardown)  # worth one even if nobody waits
+
+    def _current_pending(self, pend: list[Rec]) -> list[Rec]:
+        if not pend:
+            return pend
+        waiting = [r for r in pend if r.state == "waiting"]
+        if len(waiting) > 1:
+            # a thread is in one blocking call at a time: an older "waiting" one has returned
+            latest: dict[str, Rec] = {}
+            for r in waiting:
+                have = latest.get(r.thread)
+                if have is None or (r.entered_at, _id(r)) > (have.entered_at, _id(have)):
+                    latest[r.thread] = r
+            keep = set(map(id, latest.values()))
+            pend = [r for r in pend if r.state != "waiting" or id(r) in keep]
+        # its group completed this number or a later one: done, whatever the record says
+        out = [r for r in pend if r.p2p or r.seq > self.completed(r.group)]
+        if len(out) > 1:
+            out.sort(key=lambda r: (r.entered_at, _id(r)))
+        return out
+
+    # -- lazy lookups -------------------------------------------------------------------------
+    def completed(self, group: str) -> int:
+        try:
+            v = self._progress[group]["completed"]
+            return v if type(v) is int else to_int(v)
+        except (KeyError, TypeError, ValueError):
+            return 0
+
+    def entered(self, group: str) -> int:
+        """Highest collective number this rank entered on the group (whole run)."""
+        v = self._entered.get(group)
+        if v is None:
+            try:
+                v = self._progress[group]["entered"]
+                if type(v) is not int:
+                    v = to_int(v)
+            except (KeyError, TypeError, ValueError):
+                v = self._entered_from_records(group)
+            self._entered[group] = v
+        return v
+
+    def _entered_from_records(self, group: str) -> int:
+        best = 0
+        for r in self.records:
+            try:
+                if r.get("group") == group and not r.get("p2p"):
+                    best = max(best, to_int(r.get("seq_end", r["seq"])), to_int(r["seq"]))
+            except (AttributeError, KeyError, TypeError, ValueError):
+                continue
+        return best
+
+    def groups_mentioned(self) -> set[str]:
+        out = set(str(g) for g in self._progress)
+        out.update(r.group for r in self.pending)
+        return out
+
+    @property
+    def last_active(self) -> float:
+        """When the rank last entered or returned from a traced call (its own thread's doing)."""
+        if self._last_active is None:
+            t = 0.0
+            for r in self.records:
+                try:
+                    t = max(t, float(r.get("entered_at") or 0.0), float(r.get("returned_at") or 0.0))
+                except (AttributeError, TypeError, ValueError):
+                    continue
+            self._last_active = t
+        return self._last_active
+
+    @property
+    def window_complete(self) -> bool:
+        """Whether the records go back to the rank's first one (ids start at 1)."""
+        if self._complete is None:
+            self._complete = any(isinstance(r, dict) and r.get("id") == 1 for r in self.records)
+        return self._complete
+
+    def posted(self, op: str, toward: int) -> int | None:
+        """Highest per-pair number of `op` this rank posted toward rank `toward`; None when it
+        cannot be told (older records are not in the window)."""
+        key = (op, toward)
+        if key in self._posted:
+            return self._posted[key]
+        best = None
+        for r in self.records:
+            try:
+                if r.get("p2p") and r.get("backend_op") == op and to_int(r.get("peer")) == toward:
+                    best = max(best or 0, to_int(r["seq"]))
+            except (AttributeError, KeyError, TypeError, ValueError):
+                continue
+        if best is None and self.window_complete:
+            best = 0
+        self._posted[key] = best
+        return best
+
+    def posted_since(self, op: str, toward: int, since: float) -> bool | None:
+        """Object p2p (no per-pair number): did this rank post `op` toward `toward` at or after
+        `since`? None when its window does not reach back that far."""
+        oldest = None
+        for r in self.records:
+            try:
+                t = float(r["entered_at"])
+                oldest = t if oldest is None else min(oldest, t)
+                if r.get("backend_op") == op and toward in (r.get("peer"), r.get("root")) and t >= since - 1e-6:
+                    return True
+            except (AttributeError, KeyError, TypeError, ValueError):
+                continue
+        if self.window_complete or (oldest is not None and oldest <= since):
+            return False
+        return None
+
+    def record_at(self, group: str, seq: int) -> dict | None:
+        """The collective record covering number `seq` on the group, newest first; else what the
+        Flight Recorder says the rank entered there untraced; None if neither holds it."""
+        for r in reversed(self.records):
+            try:
+                if r.get("group") != group or r.get("p2p") or r.get("backend_op") in ("send", "recv"):
+                    continue
+                s = to_int(r["seq"])
+                end = max(s, to_int(r.get("seq_end", s)))
+            except (AttributeError, KeyError, TypeError, ValueError):
+                continue
+            if s <= seq <= end:
+                return r
+            if end < seq:
+                break
+        return self.untraced_at(group, seq)
+
+    def untraced_at(self, group: str, seq: int) -> dict | None:
+        """A record for a collective the rank entered without colltrace seeing it (DDP's C++
+        all-reduce), as its Flight Recorder names it; where it is is its live stack."""
+        for u in self.untraced:
+            try:
+                if str(u["group"]) != group or to_int(u["seq"]) != seq:
+                    continue
+                op = str(u.get("op") or "unknown")
+                return {"id": None, "rank": self.rank, "group": group, "seq": seq, "seq_end": seq, "op": op,
+                        "backend_op": str(u.get("backend_op") or op.replace("_", "")), "p2p": False, "peer": None,
+                        "state": "waiting", "async": False, "entered_at": float(u.get("t") or 0.0),
+                        "returned_at": None, "completed_at": None, "shapes": u.get("shapes") or [],
+                        "dtypes": u.get("dtypes") or [], "reduce_op": None, "root": None, "count": 1,
+                        "thread": "", "frames": self.stack or [], "untraced": True}
+            except (KeyError, TypeError, ValueError, AttributeError):
+                continue
+        return None
+
+    def record_before(self, group: str, seq: int) -> dict | None:
+        """The collective record just before number `seq` on the group."""
+        return self.record_at(group, seq - 1) if seq > 1 else None
+
+    def last_record(self) -> dict | None:
+        for r in reversed(self.records):
+            if isinstance(r, dict) and r.get("op") != "untraced":
+                return r
+        return None
+
+
+def _id(r: Rec):
+    return r.id if isinstance(r.id, int) else 0
+
+
+def _frames(x) -> list | None:
+    if not isinstance(x, list):
+        return None
+    return [f for f in x if isinstance(f, dict)]
+
+
+class Snapshot:
+    """The whole snapshot: readable ranks, unreadable ones with the reason, groups."""
+
+    def __init__(self, snap):
+        snap = snap if isinstance(snap, dict) else {}
+        raw_ranks = snap.get("ranks")
+        raw_ranks = raw_ranks if isinstance(raw_ranks, dict) else {}
+        self.ranks: dict[int, RankView] = {}
+        self.unreadable: dict[int, str] = {}
+        for key, entry in raw_ranks.items():
+            try:
+                rank = to_int(key)
+            except (TypeError, ValueError):
+                try:
+                    rank = to_int(entry.get("rank"))
+                except Exception:
+                    continue  # no rank number at all: nothing to attach it to
+            try:
+                self.ranks[rank] = RankView(rank, entry)
+            except Unreadable as exc:
+                self.unreadable[rank] = str(exc)
+            except Exception as exc:  # a malformed field: this rank only
+                self.unreadable[rank] = f"malformed entry ({type(exc).__name__}: {exc})"
+        self.ranks = dict(sorted(self.ranks.items()))
+        self.unreadable = dict(sorted(self.unreadable.items()))
+        self._classify_deaths()
+        self.groups: dict[str, dict] = {}
+        raw_groups = snap.get("groups")
+        for name, g in (raw_groups.items() if isinstance(raw_groups, dict) else ()):
+            try:
+                members = sorted({to_int(r) for r in g["ranks"]})
+                self.groups[str(name)] = {"name": str(g.get("name", name)), "desc": str(g.get("desc") or ""),
+                                          "ranks": members}
+            except Exception:
+                continue  # members then inferred from the ranks that mention it
+        self._arrivals: dict[str, tuple] = {}
+
+    def _classify_deaths(self) -> None:
+        """A rank killed from outside while another rank ended (up to TEARDOWN_S before it, or
+        TEARDOWN_LEAD_S after) is part of a teardown; one killed alone is a problem of its own.
+        Deaths are seen by a 10 Hz poll: ranks killed together land within a few tenths."""
+        dead = [v for v in self.ranks.values() if v.dead]
+        times = sorted(v.died_at for v in dead if v.died_at is not None)
+        for v in dead:
+            if v.status != "dead" or v.fatal:
+                continue
+            if v.died_at is None:
+                teardown = len(dead) > 1
+            else:
+                lo = bisect.bisect_left(times, v.died_at - TEARDOWN_S)
+                hi = bisect.bisect_right(times, v.died_at + TEARDOWN_LEAD_S)
+                teardown = hi - lo > 1   # someone else ended in the window, itself excluded
+            v.classify(teardown)
+
+    def group(self, name: str) -> dict:
+        g = self.groups.get(name)
+        if g is None:
+            members = sorted(r for r, v in self.ranks.items() if name in v.groups_mentioned())
+            g = self.groups[name] = {"name": name, "desc": "", "ranks": members, "inferred": True}
+        return g
+
+    def members(self, name: str) -> list[int]:
+        return self.group(name)["ranks"]
+
+    def arrivals(self, name: str):
+        """Members sorted by how far they entered the group, once per group."""
+        a = self._arrivals.get(name)
+        if a is None:
+            known, unknown = [], []
+            ranks = self.ranks
+            for m in self.members(name):
+                v = ranks.get(m)
+                if v is None:
+                    unknown.append(m)
+                    continue
+                try:  # the common case inline: 16k members make a method call per member count
+                    e = v._progress[name]["entered"]
+                    if type(e) is not int:
+                        e = v.entered(name)
+                except (KeyError, TypeError):
+                    e = v.entered(name)
+                known.append((e, m))
+            known.sort()
+            a = self._arrivals[name] = (known, [e for e, _ in known], unknown)
+        return a
+
+    def missing(self, name: str, seq: int) -> tuple[list[int], list[int]]:
+        """(members known not to have entered number `seq`, members that cannot be told)."""
+        known, keys, unknown = self.arrivals(name)
+        i = bisect.bisect_left(keys, seq)
+        return sorted(m for _, m in known[:i]), unknown

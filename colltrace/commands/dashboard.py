@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import os
+import sys
+
+NEEDS = "the dashboard needs: pip install 'colltrace[dashboard]'"
+EXTRA = ("fastapi", "uvicorn", "jinja2", "prometheus_client", "fastapi_offline", "colltrace_dashboard")
+
+
+def require_extra() -> None:
+    """UsageError (one line, exit 2) unless the `dashboard` extra is installed."""
+    import importlib
+
+    from colltrace.commands import UsageError
+
+    for name in EXTRA:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            raise UsageError(NEEDS) from None
+
+
+class DashboardCommand:
+    name = "dashboard"
+    help = ("Serve the live web dashboard (findings, ranks, groups, recent collectives, /api, /metrics) for a "
+            "trace folder, live or post-mortem, or for a running job's store.")
+
+    def prepare_parser(self, p):
+        p.add_argument("dir", nargs="?", help="the trace folder (COLLTRACE_DIR of the job): live or post-mortem")
+        p.add_argument("--store", metavar="HOST:PORT",
+                       help="read a running job through its TCPStore (MASTER_ADDR:MASTER_PORT) instead of a folder")
+        p.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1: this machine only; any other needs a token)")
+        p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
+        p.add_argument("--token", help="token every request must carry (default: $COLLTRACE_DASHBOARD_TOKEN)")
+        p.add_argument("--stall-s", type=float, default=None,
+                       help="stall threshold in seconds (default: the job's COLLTRACE_STALL_S)")
+
+    def run(self, args, parser) -> int:
+        from colltrace.commands import UsageError
+
+        if (args.dir is None) == (args.store is None):
+            raise UsageError("give a trace folder or --store HOST:PORT (one of them)")
+        if args.dir is not None and not os.path.isdir(args.dir):
+            raise UsageError(f"{args.dir}: no such folder")
+        if not 0 <= args.port < 65536:
+            raise UsageError(f"--port {args.port}: not a port number")
+        if args.stall_s is not None and args.stall_s < 0:
+            raise UsageError("--stall-s must be >= 0")
+        require_extra()   # the web stack is an optional extra, imported only here
+        from colltrace_dashboard import server, sources
+
+        token = (args.token or os.environ.get("COLLTRACE_DASHBOARD_TOKEN", "")).strip() or None
+        try:
+            if args.store:
+                source = sources.StoreSource(args.store, stall_s=args.stall_s)
+            else:
+                source = sources.FolderSource(args.dir, stall_s=args.stall_s)
+            srv = server.Server(source, args.host, args.port, token=token)
+        except (sources.SourceError, server.DashboardError) as exc:
+            raise UsageError(str(exc)) from None
+        sys.stderr.write(f"colltrace: dashboard for {source.label} at {srv.url}"
+                         f"{' (token required)' if token else ''}; Ctrl-C to stop\n")
+        sys.stderr.flush()
+        srv.run()
+        return 0

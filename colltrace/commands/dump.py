@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import json
+import sys
+
+from colltrace import trace
+
+
+def _where(frames) -> str:
+    from colltrace.analysis.report import user_location
+
+    return user_location(frames) or ""
+
+
+def timeline(ranks: dict, last: int | None) -> str:
+    t0 = min((r["entered_at"] for recs in ranks.values() for r in recs), default=0.0)
+    lines = []
+    for rank, recs in ranks.items():
+        shown = recs[-last:] if last else recs
+        lines.append(f"rank {rank}: {len(recs)} records" + (f" (last {len(shown)} shown)" if len(shown) < len(recs) else ""))
+        for r in shown:
+            if r["op"] == "untraced":
+                lines.append(f"  {r['entered_at'] - t0:9.3f}s  group {r['group']:<4} #{r['seq']}-{r['seq_end']}  untraced x{r['count']} (ran in C++, not seen in Python: DDP's reducer, pg.* calls, compiled code)")
+                continue
+            num = f"#{r['seq']}" + (f"-{r['seq_end']}" if r["seq_end"] != r["seq"] else "")
+            if r["p2p"]:
+                num = f"p2p {r['seq']} peer {r['peer']}"
+            dur = ""
+            if r.get("completed_at"):
+                dur = f" {1000 * (r['completed_at'] - r['entered_at']):.2f} ms"
+            shapes = " ".join("x".join(map(str, s)) or "scalar" for s in r["shapes"][:3])
+            lines.append(f"  {r['entered_at'] - t0:9.3f}s  group {r['group']:<4} {num:<8} {r['op']:<24} {r['state']:<9}{dur:<12} "
+                         f"{shapes} {','.join(sorted(set(r['dtypes'])))}  {_where(r['frames'])}")
+    return "\n".join(lines)
+
+
+class DumpCommand:
+    name = "dump"
+    help = "Print what every rank recorded (oldest first), or snapshot a live job's state into a folder."
+
+    def prepare_parser(self, p):
+        p.add_argument("dir", help="the trace folder; with --from-store, the folder to write")
+        p.add_argument("--json", action="store_true", help='print {"ranks": {"0": [record, ...]}}')
+        p.add_argument("--rank", type=int, action="append", help="only this rank (repeatable)")
+        p.add_argument("--last", type=int, default=None, help="only the last N records per rank (text view)")
+        p.add_argument("--from-store", metavar="HOST:PORT",
+                       help="snapshot a live (even hung) job from its TCPStore (MASTER_ADDR:MASTER_PORT) into DIR")
+
+    def run(self, args, parser) -> int:
+        from colltrace.commands import UsageError
+
+        if args.from_store:
+            from colltrace import storelink
+
+            try:
+                path = storelink.snapshot_to_folder(args.from_store, args.dir)
+            except (storelink.StoreError, OSError) as exc:
+                raise UsageError(str(exc)) from None
+            sys.stderr.write(f"colltrace: wrote {path}\nnext: colltrace analyze {args.dir}\n")
+            return 0
+        try:
+            traces = trace.load_traces(args.dir)
+        except trace.TraceError as exc:
+            raise UsageError(str(exc)) from None
+        ranks = {str(tr.rank): tr.all_records() for tr in traces if not args.rank or tr.rank in args.rank}
+        problems = [f"rank {tr.rank}: {tr.error}" for tr in traces if tr.error]
+        if args.json:
+            out = {"ranks": ranks}
+            if problems:
+                out["unreadable"] = problems
+            json.dump(out, sys.stdout, default=str)
+            sys.stdout.write("\n")
+        else:
+            sys.stdout.write(timeline(ranks, args.last) + "\n")
+        for p in problems:
+            sys.stderr.write(f"colltrace: {p}\n")
+        return 2 if problems and not ranks else 0

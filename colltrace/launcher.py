@@ -1,0 +1,46 @@
+"""Starts the node watchdog from inside a job when nothing outside started one.
+
+The first rank on a host to create the claim file spawns it, in a new session so the
+launcher's teardown (torchrun SIGTERMs its workers' group within about a second of one
+dying) does not take it down with the workers.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+_child = None  # kept referenced so the interpreter does not warn about a running child
+
+
+def claim_path(directory: str, host: str, job: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{host}-{job}")
+    return os.path.join(directory, f".watchdog-{safe}.claim")
+
+
+def watchdog_env(environ=os.environ) -> dict:
+    env = dict(environ)
+    env.pop("COLLTRACE", None)  # the watchdog itself is not traced
+    return env
+
+
+def ensure_watchdog(settings, rec) -> None:
+    global _child
+    if settings.watchdog != "auto":
+        return
+    from colltrace.recorder import job_id
+
+    job = job_id()
+    path = claim_path(settings.dir, settings.host, job)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return
+    try:
+        cmd = [sys.executable, "-m", "colltrace.watchdog", "--dir", settings.dir, "--job", job,
+               "--host", settings.host, "--spawned-by", str(os.getpid())]
+        _child = subprocess.Popen(cmd, env=watchdog_env(), stdin=subprocess.DEVNULL,
+                                  start_new_session=True, close_fds=True)
+        os.write(fd, f"{_child.pid}\n".encode())
+    finally:
+        os.close(fd)

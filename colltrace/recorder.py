@@ -1,0 +1,295 @@
+"""One rank's recorder: interns stacks and signatures, keeps per-group sequence numbers in step
+with the backend's own counter, and writes events into the rank's ring before each call.
+
+The hot path (enter/exit) does no formatting and no I/O beyond two 64-byte mmap writes;
+anything seen for the first time (a stack, a signature, a group) is written once to the
+definitions file.
+"""
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import itertools
+import os
+import sys
+import threading
+import time
+import traceback
+
+from colltrace import flightrecorder, ringfile
+from colltrace.ringfile import COMPLETE, ENTER, F_DONE, F_P2P, FAIL, RETURN, UNTRACED
+
+_time = time.time
+_getframe = sys._getframe
+
+
+def rank_file(directory: str, rank: int, suffix: str) -> str:
+    return os.path.join(directory, f"rank-{rank:05d}.{suffix}")
+
+
+def job_id(environ=os.environ) -> str:
+    """The same string on every rank of one job: torchrun's run id, else the launcher's pid."""
+    return environ.get("TORCHELASTIC_RUN_ID") or f"ppid{os.getppid()}-{environ.get('MASTER_PORT', '')}"
+
+
+def _line_of(code, lasti: int) -> int:
+    """The source line of byte offset `lasti` in `code` (what frame.f_lineno would have said)."""
+    line = None
+    for start, end, ln in code.co_lines():
+        if start <= lasti < end:
+            line = ln
+            break
+    return line if line is not None else code.co_firstlineno
+
+
+class _Local(threading.local):
+    depth = 0   # >0 while a traced call runs on this thread: inner calls are its parts
+
+
+class GroupState:
+    __slots__ = ("id", "pg", "name", "ranks", "backend", "get_seq", "last_after", "p2p_offset", "p2p_seq")
+
+    def __init__(self, gid, pg, name, ranks, backend, get_seq):
+        self.id, self.pg, self.name, self.ranks, self.backend = gid, pg, name, ranks, backend
+        self.get_seq = get_seq
+        self.last_after = None   # backend counter after our last observed op
+        self.p2p_offset = 0      # backend steps taken by p2p ops (gloo counts them, NCCL does not)
+        self.p2p_seq = {}        # (src, dst) -> count
+
+
+class Recorder:
+    def __init__(self, settings, rank: int, world_size: int, backend: str = "", event_factory=None):
+        self.settings = settings
+        self.rank = rank
+        self.disabled = False
+        d = settings.dir
+        os.makedirs(d, exist_ok=True)
+        self.ring = ringfile.RingWriter(rank_file(d, rank, "ring"), settings.ring_slots)
+        self.defs = ringfile.DefsWriter(rank_file(d, rank, "defs.jsonl"), settings.defs_max_bytes)
+        self.fault_path = rank_file(d, rank, "fault.txt")
+        self._fault_file = None
+        self.local = _Local()
+        self._depth = settings.stack_depth
+        self.digest_bytes = settings.digest_bytes
+        self._codes: dict = {}
+        self._stacks: dict = {}
+        self._sigs: dict = {}
+        self._threads: dict = {}
+        self.groups: dict = {}
+        self._rec_ids = itertools.count(1)
+        self._pending: list = []        # (rec_id, waitable) polled for completion off the hot path
+        self._pending_lock = threading.Lock()
+        self._event_factory = event_factory
+        self._stop = threading.Event()
+        self._internal_error_reported = False
+        self.defs.write({
+            "k": "meta", "rank": rank, "world_size": world_size, "pid": os.getpid(), "host": settings.host,
+            "job": job_id(), "started": _time(), "backend": backend, "argv": sys.argv[:8],
+            "stall_s": settings.stall_s, "local_rank": os.environ.get("LOCAL_RANK"),
+        })
+        self._install_fault_handler()
+        self._prev_excepthook = sys.excepthook
+        sys.excepthook = self._excepthook
+        atexit.register(self._at_exit)
+        self.ring.heartbeat(_time())
+        self._flight_recorder = flightrecorder.Responder(d, rank)
+        self._poller = threading.Thread(target=self._poll_loop, name="colltrace-poller", daemon=True)
+        self._poller.start()
+
+    # ---- process-level records -------------------------------------------------------
+    def _install_fault_handler(self):
+        # Leave a user's own faulthandler setup alone; otherwise dump every thread's stack to
+        # our file on SIGSEGV/SIGABRT/SIGBUS/SIGFPE/SIGILL so the watchdog can name the signal.
+        if faulthandler.is_enabled():
+            self.defs.write({"k": "note", "text": "faulthandler already enabled by the program; fatal-signal stacks go where it chose"})
+            return
+        self._fault_file = open(self.fault_path, "w")
+        faulthandler.enable(file=self._fault_file, all_threads=True)
+
+    def _excepthook(self, etype, value, tb):
+        try:
+            frames = [{"file": f.filename, "line": f.lineno, "func": f.name} for f in traceback.extract_tb(tb)]
+            self.defs.write({"k": "exception", "t": _time(), "type": etype.__name__, "message": str(value)[:2000], "frames": frames})
+        except Exception:
+            pass
+        self._prev_excepthook(etype, value, tb)
+
+    def _at_exit(self):
+        if self.disabled:
+            return
+        self._drain_pending(final=True)
+        self.ring.heartbeat(_time())
+        self.defs.write({"k": "exit", "t": _time(), "clean": True})
+        self._stop.set()
+
+    def disable(self, why: str | None = None):
+        """Step aside for good: the program goes on untraced."""
+        if self.disabled:
+            return
+        self.disabled = True
+        self._stop.set()
+        if why:
+            try:
+                self.defs.write({"k": "note", "t": _time(), "text": f"tracing disabled: {why}"})
+            except Exception:
+                pass
+
+    def internal_error(self, exc: BaseException):
+        if not self._internal_error_reported:
+            self._internal_error_reported = True
+            sys.stderr.write(f"colltrace: internal error, tracing stops on rank {self.rank} (the job is unaffected): {exc!r}\n")
+        self.disable(repr(exc))
+
+    # ---- interning -------------------------------------------------------------------
+    def stack_id(self, frame) -> int:
+        # Keyed by instruction offset, not line: f_lasti is a plain field, f_lineno decodes the
+        # line table on every read (2-3x the cost of the walk). Lines are worked out once per stack.
+        key = []
+        append = key.append
+        depth = self._depth
+        while frame is not None and depth:
+            append(frame.f_code)
+            append(frame.f_lasti)
+            frame = frame.f_back
+            depth -= 1
+        key = tuple(key)
+        sid = self._stacks.get(key)
+        if sid is None:
+            sid = self._new_stack(key)
+        return sid
+
+    def _new_stack(self, key) -> int:
+        frames = []
+        for code, lasti in zip(key[::2], key[1::2]):
+            line = _line_of(code, lasti)
+            cid = self._codes.get(code)
+            if cid is None:
+                cid = len(self._codes) + 1
+                if not self.defs.write({"k": "code", "id": cid, "file": code.co_filename, "func": code.co_name, "first": code.co_firstlineno}):
+                    return 0
+                self._codes[code] = cid
+            frames.append((cid, line))
+        sid = len(self._stacks) + 1
+        if not self.defs.write({"k": "stack", "id": sid, "frames": frames}):  # innermost first
+            return 0
+        self._stacks[key] = sid
+        return sid
+
+    def sig_id(self, key: tuple) -> int:
+        sid = self._sigs.get(key)
+        if sid is None:
+            op, backend_op, gid, shapes, dtypes, redop, root, peer, is_async = key
+            sid = len(self._sigs) + 1
+            if not self.defs.write({"k": "sig", "id": sid, "op": op, "backend_op": backend_op, "group": gid,
+                                    "shapes": shapes, "dtypes": dtypes, "reduce_op": redop, "root": root,
+                                    "peer": peer, "async": is_async}):
+                return 0
+            self._sigs[key] = sid
+        return sid
+
+    def thread_id(self) -> int:
+        ident = threading.get_ident()
+        tid = self._threads.get(ident)
+        if tid is None:
+            tid = len(self._threads) + 1
+            self.defs.write({"k": "thread", "id": tid, "name": threading.current_thread().name})
+            self._threads[ident] = tid
+        return tid
+
+    def group_state(self, pg, describe) -> GroupState:
+        """describe(pg) -> (name, desc, global ranks, backend, seq getter); called once per group."""
+        gs = self.groups.get(pg)
+        if gs is None:
+            name, desc, ranks, backend, get_seq = describe(pg)
+            gs = GroupState(len(self.groups) + 1, pg, name, ranks, backend, get_seq)
+            self.defs.write({"k": "group", "id": gs.id, "name": name, "desc": desc, "ranks": ranks, "backend": backend})
+            self.groups[pg] = gs
+        return gs
+
+    # ---- events ----------------------------------------------------------------------
+    def enter(self, gs: GroupState, sig: int, frame, flags: int, seq_hint_p2p=None, peer: int = -1, digest: int = 0):
+        """Write the ENTER slot; returns the context exit() needs."""
+        before = gs.get_seq() if gs.get_seq is not None else -1
+        last = gs.last_after
+        if last is not None and before > last:
+            # The backend ran collectives we did not see (DDP's C++ reducer, pg.allreduce, compiled code).
+            self.ring.write(UNTRACED, 0, gs.id, 0, 0, 0, 0, last - gs.p2p_offset + 1, before - last, _time(), 0)
+        if seq_hint_p2p is not None:
+            seq = gs.p2p_seq.get(seq_hint_p2p, 0) + 1
+            gs.p2p_seq[seq_hint_p2p] = seq
+        else:
+            seq = before - gs.p2p_offset + 1
+        rec = next(self._rec_ids)
+        tid = self._threads.get(threading.get_ident()) or self.thread_id()
+        self.ring.write(ENTER, flags, gs.id, sig, self.stack_id(frame), tid, digest, seq, peer, _time(), rec)
+        return rec, gs, before, seq, flags
+
+    def exit(self, ctx, done: bool, waitable=None):
+        rec, gs, before, seq, flags = ctx
+        after = gs.get_seq() if gs.get_seq is not None else -1
+        steps = after - before
+        if flags & F_P2P:
+            gs.p2p_offset += steps
+            seq_end = seq
+        else:
+            seq_end = seq + max(steps, 1) - 1
+        gs.last_after = after
+        self.ring.write(RETURN, flags | (F_DONE if done else 0), gs.id, 0, 0, 0, 0, seq, seq_end, _time(), rec)
+        if waitable is not None:
+            with self._pending_lock:
+                self._pending.append((rec, gs.id, seq, waitable))
+
+    def fail(self, ctx, exc: BaseException):
+        rec, gs, before, seq, flags = ctx
+        try:
+            gs.last_after = gs.get_seq() if gs.get_seq is not None else -1
+        except Exception:
+            pass
+        self.ring.write(FAIL, flags, gs.id, 0, 0, 0, 0, seq, 0, _time(), rec)
+        self.defs.write({"k": "error", "rec": rec, "t": _time(), "type": type(exc).__name__, "message": str(exc)[:2000]})
+
+    # ---- completion poller (off the hot path) -----------------------------------------
+    def _poll_loop(self):
+        period = self.settings.poll_s
+        while not self._stop.wait(period):
+            try:
+                self.ring.heartbeat(_time())
+                self._drain_pending()
+                self._flight_recorder.poll()   # a watchdog's request for the Flight Recorder
+            except Exception as exc:  # pragma: no cover - defensive
+                self.internal_error(exc)
+                return
+
+    def _drain_pending(self, final=False):
+        if not self._pending:
+            return
+        with self._pending_lock:
+            pending, self._pending = self._pending, []
+        keep = []
+        for item in pending:
+            rec, gid, seq, w = item
+            try:
+                done = w.query() if hasattr(w, "query") else all(x.is_completed() for x in w) if isinstance(w, (list, tuple)) else w.is_completed()
+            except Exception:
+                done = True  # a failed work is finished too; its error reaches the program itself
+            if done:
+                self.ring.write(COMPLETE, 0, gid, 0, 0, 0, 0, seq, 0, _time(), rec)
+            elif not final:
+                keep.append(item)
+        if keep:
+            with self._pending_lock:
+                self._pending[:0] = keep
+
+    def cuda_event(self):
+        if self._event_factory is None:
+            import torch
+
+            self._event_factory = torch.cuda.Event
+        ev = self._event_factory()
+        ev.record()
+        return ev
+
+    def close(self):
+        self.disable()
+        self.ring.close()
+        self.defs.close()

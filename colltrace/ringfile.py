@@ -1,0 +1,223 @@
+"""The per-rank trace files: a fixed-size ring of 64-byte event slots plus an append-only
+file of definitions (stacks, signatures, groups) that the slots refer to by number.
+
+The ring is a shared file mapping: a slot written before the collective is entered is in the
+kernel's page cache, so it survives SIGKILL, SIGSEGV and SIGABRT of the writer. Definitions are
+written with os.write before the first slot that uses them. Readers never import torch.
+
+Slot layout (little-endian, 64 bytes):
+  kind u8, flags u8, pad u16, group u32, sig u32, stack u32, thread u32, aux32 u32 (digest),
+  seq i64, aux i64, t f64, rec u64, commit u64   (commit = 1 + the slot's serial, written with it)
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import mmap
+import os
+import struct
+
+MAGIC = b"CLTRACE1"
+VERSION = 1
+HEADER_SIZE = 4096
+SLOT = struct.Struct("<BBHIIIIIqqdQQ")
+SLOT_SIZE = SLOT.size
+HEADER = struct.Struct("<8sIIIIqd")          # magic, version, slot size, slots, pad, pid, created
+COUNT = struct.Struct("<Qd")                 # slots written, heartbeat
+COUNT_OFFSET = 64
+
+# slot kinds
+ENTER, RETURN, COMPLETE, UNTRACED, FAIL = 1, 2, 3, 4, 5
+KIND_NAMES = {ENTER: "enter", RETURN: "return", COMPLETE: "complete", UNTRACED: "untraced", FAIL: "fail"}
+# flags
+F_ASYNC, F_P2P, F_DONE, F_DIGEST = 1, 2, 4, 8
+# F_DONE on RETURN: the call's return means the work finished. F_DIGEST on ENTER: aux32 holds a
+# CRC-32 of the input tensor's bytes (COLLTRACE_DIGEST).
+
+assert SLOT_SIZE == 64
+
+
+class RingWriter:
+    """Owned by one process; any of its threads may write (the serial comes from an atomic counter)."""
+
+    def __init__(self, path: str, slots: int):
+        self.path = path
+        self.slots = slots
+        size = HEADER_SIZE + slots * SLOT_SIZE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, size)
+            self._mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        import time
+
+        HEADER.pack_into(self._mm, 0, MAGIC, VERSION, SLOT_SIZE, slots, 0, os.getpid(), time.time())
+        self._serial = itertools.count()
+        self._pack = SLOT.pack_into
+        self.written = 0
+
+    def write(self, kind, flags, group, sig, stack, thread, aux32, seq, aux, t, rec) -> None:
+        # One slot and nothing else on the hot path: readers find new slots by their commit
+        # numbers; the header count is only a hint, refreshed with the heartbeat.
+        i = next(self._serial)
+        self._pack(self._mm, HEADER_SIZE + (i % self.slots) * SLOT_SIZE,
+                   kind, flags, 0, group, sig, stack, thread, aux32, seq, aux, t, rec, i + 1)
+        self.written = i + 1
+
+    def heartbeat(self, t: float) -> None:
+        COUNT.pack_into(self._mm, COUNT_OFFSET, self.written, t)
+
+    def close(self) -> None:
+        try:
+            self._mm.flush()
+            self._mm.close()
+        except (ValueError, OSError):
+            pass
+
+
+class DefsWriter:
+    """Append-only JSON lines. Bounded: past max_bytes, new definitions are dropped (callers
+    fall back to id 0, shown as 'not recorded')."""
+
+    def __init__(self, path: str, max_bytes: int):
+        self.path = path
+        self.max_bytes = max_bytes
+        self.written = 0
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+
+    def write(self, obj: dict) -> bool:
+        data = (json.dumps(obj, separators=(",", ":"), default=str) + "\n").encode()
+        if self.written + len(data) > self.max_bytes and obj.get("k") not in ("meta", "exit", "note"):
+            return False
+        os.write(self._fd, data)
+        self.written += len(data)
+        return True
+
+    def close(self) -> None:
+        try:
+            os.close(self._fd)
+        except OSError:
+            pass
+
+
+class RingFormatError(ValueError):
+    pass
+
+
+class RingReader:
+    """Reads a ring incrementally; `poll()` returns the slots written since the last call.
+
+    Safe against a writer that is alive, hung or dead. Slots overwritten before they were
+    read are counted in `lost`.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.next_serial = 0
+        self.lost = 0
+        self.heartbeat = 0.0
+        self.pid = None
+        self._ino = None
+        self._mm = None
+        self.slots = 0
+
+    def _open(self):
+        with open(self.path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if st.st_size < HEADER_SIZE:
+                raise RingFormatError(f"{self.path}: too short to be a colltrace ring ({st.st_size} bytes)")
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        magic, version, slot_size, slots, _, pid, _created = HEADER.unpack_from(mm, 0)
+        if magic != MAGIC or slot_size != SLOT_SIZE or version != VERSION:
+            mm.close()
+            raise RingFormatError(f"{self.path}: not a colltrace ring (bad magic or version)")
+        if HEADER_SIZE + slots * SLOT_SIZE > len(mm):
+            mm.close()
+            raise RingFormatError(f"{self.path}: truncated ring ({len(mm)} bytes for {slots} slots)")
+        self._mm, self._ino, self.slots, self.pid = mm, st.st_ino, slots, pid
+        self.next_serial = 0
+
+    def reopened(self) -> bool:
+        """True when the file was replaced (a restarted rank) since the last poll."""
+        try:
+            return os.stat(self.path).st_ino != self._ino
+        except FileNotFoundError:
+            return False
+
+    def poll(self) -> list[tuple]:
+        if self._mm is None or self.reopened():
+            if self._mm is not None:
+                self._mm.close()
+            self._open()
+        mm = self._mm
+        count, self.heartbeat = COUNT.unpack_from(mm, COUNT_OFFSET)
+        # The header count is a hint refreshed with the heartbeat: scan forward from what we
+        # know by commit numbers, jumping ahead where the ring wrapped past us.
+        end = max(count, self.next_serial)
+        slots = self.slots
+        while True:
+            commit = SLOT.unpack_from(mm, HEADER_SIZE + (end % slots) * SLOT_SIZE)[-1]
+            if commit == end + 1:
+                end += 1
+            elif commit > end + 1 and (commit - 1 - end) % slots == 0:
+                end = commit
+            else:
+                break
+        start = self.next_serial
+        if end - start > self.slots:
+            self.lost += end - self.slots - start
+            start = end - self.slots
+        out = []
+        for serial in range(start, end):
+            s = SLOT.unpack_from(mm, HEADER_SIZE + (serial % self.slots) * SLOT_SIZE)
+            if s[-1] != serial + 1:  # overwritten or torn while we read
+                if s[-1] > serial + 1:
+                    self.lost += 1
+                continue
+            out.append(s)
+        self.next_serial = end
+        return out
+
+    def close(self):
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+
+
+class DefsReader:
+    """Incremental reader of the definitions file; keeps only complete lines."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.offset = 0
+        self._partial = b""
+        self.bad_lines = 0
+
+    def poll(self) -> list[dict]:
+        try:
+            with open(self.path, "rb") as f:
+                if os.fstat(f.fileno()).st_size < self.offset:  # truncated: a restarted rank
+                    self.offset, self._partial = 0, b""
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        data = self._partial + data
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        out = []
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                self.bad_lines += 1
+                continue
+            if isinstance(obj, dict):
+                out.append(obj)
+            else:
+                self.bad_lines += 1
+        return out

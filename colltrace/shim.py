@@ -1,0 +1,578 @@
+"""The patches: wrap every torch.distributed entry point that issues a collective.
+
+Each wrapper reads the arguments it needs by position (resolved once from the original's
+signature, so no inspect.bind on the hot path), writes an ENTER slot, calls the original,
+then writes RETURN. Calls made while another traced call is running on the same thread
+(all_gather_object's two all_gathers, send's isend, batch_isend_irecv's ops) are parts of
+the outer logical op: they take no record of their own, and the backend's counter tells
+how many steps the outer op used.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import inspect
+import os
+import sys
+import threading
+import zlib
+
+from colltrace import config
+from colltrace.ringfile import F_ASYNC, F_DIGEST, F_P2P
+
+# name: (backend op, tensor parameter compared across ranks, reducing?, kind)
+# kind: c = collective, p = point-to-point, o = object collective (logical op of several), b = batch p2p
+C10D_OPS = {
+    "broadcast": ("broadcast", "tensor", False, "c"),
+    "all_reduce": ("allreduce", "tensor", True, "c"),
+    "all_reduce_coalesced": ("allreduce_coalesced", "tensors", True, "c"),
+    "reduce": ("reduce", "tensor", True, "c"),
+    "all_gather": ("allgather", "tensor", False, "c"),
+    "all_gather_single": ("allgather_base", "input_tensor", False, "c"),
+    "all_gather_into_tensor": ("allgather_base", "input_tensor", False, "c"),
+    "_all_gather_base": ("allgather_base", "input_tensor", False, "c"),
+    "all_gather_coalesced": ("allgather_coalesced", "input_tensor_list", False, "c"),
+    "gather": ("gather", "tensor", False, "c"),
+    "scatter": ("scatter", "tensor", False, "c"),
+    "reduce_scatter": ("reduce_scatter", "output", True, "c"),
+    "reduce_scatter_single": ("reduce_scatter_base", "input", True, "c"),
+    "reduce_scatter_tensor": ("reduce_scatter_base", "input", True, "c"),
+    "_reduce_scatter_base": ("reduce_scatter_base", "input", True, "c"),
+    "all_to_all_single": ("alltoall_base", "input", False, "c"),
+    "all_to_all": ("alltoall", "input_tensor_list", False, "c"),
+    "barrier": ("barrier", None, False, "c"),
+    "monitored_barrier": ("monitored_barrier", None, False, "c"),
+    "isend": ("send", "tensor", False, "p"),
+    "irecv": ("recv", "tensor", False, "p"),
+    "send": ("send", "tensor", False, "p"),
+    "recv": ("recv", "tensor", False, "p"),
+    "batch_isend_irecv": ("batch_p2p", None, False, "b"),
+    "all_gather_object": ("allgather", None, False, "o"),
+    "gather_object": ("gather", None, False, "o"),
+    "broadcast_object_list": ("broadcast", None, False, "o"),
+    "scatter_object_list": ("scatter", None, False, "o"),
+    "send_object_list": ("send", None, False, "o"),
+    "recv_object_list": ("recv", None, False, "o"),
+}
+# Ops whose input is each rank's own data (a batch to gather): with COLLTRACE_DIGEST their bytes
+# get a CRC-32, so that ranks sending identical data (no DistributedSampler) can be told.
+DIGEST_OPS = frozenset(("gather", "all_gather", "all_gather_single", "all_gather_into_tensor", "_all_gather_base",
+                        "all_to_all_single"))
+# Backends that run an op as something else; recorded so ranks compare like with like.
+BACKEND_OVERRIDES = {("gloo", "reduce_scatter_base"): "allreduce"}
+
+# torch.distributed._functional_collectives (DTensor, torch.compile'd code falls back to these
+# in eager mode). They return tensors that complete lazily: recorded as async.
+FUNCOL_OPS = {
+    "all_reduce": ("allreduce", "self", "reduceOp"),
+    "all_reduce_coalesced": ("allreduce_coalesced", "self", "reduceOp"),
+    "all_gather_tensor": ("allgather_base", "self", None),
+    "all_gather_tensor_autograd": ("allgather_base", "self", None),
+    "all_gather_into_tensor_coalesced": ("allgather_coalesced", "self", None),
+    "reduce_scatter_tensor": ("reduce_scatter_base", "self", "reduceOp"),
+    "reduce_scatter_tensor_autograd": ("reduce_scatter_base", "self", "reduceOp"),
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter_coalesced", "inputs", "reduceOp"),
+    "all_to_all_single": ("alltoall_base", "self", None),
+    "all_to_all_single_autograd": ("alltoall_base", "self", None),
+    "broadcast": ("broadcast", "self", None),
+}
+
+_lock = threading.RLock()
+_state = {"installed": False, "settings": None, "originals": {}, "recorder": None, "funcol": False}
+recorder = None  # the live Recorder; read by every wrapper
+_c10d = None
+_NON_MEMBER = object()
+_is_compiling = lambda: False  # noqa: E731 - replaced by torch.compiler.is_compiling at install
+
+
+def _dtype_name(dt, _cache={}):
+    s = _cache.get(dt)
+    if s is None:
+        s = _cache[dt] = str(dt).replace("torch.", "")
+    return s
+
+
+def _redop_name(op, _cache={}):
+    if op is None:
+        return None
+    try:
+        name = _cache.get(op)
+    except TypeError:  # an unhashable custom op (premul sum): named each time
+        return str(op).rsplit(".", 1)[-1]
+    if name is None:
+        name = _cache[op] = str(op).rsplit(".", 1)[-1]
+    return name
+
+
+def _describe_tensors(t):
+    """(shapes, dtypes, on_cuda) of a tensor or a list of tensors; never raises."""
+    if t is None:
+        return (), (), False
+    if isinstance(t, (list, tuple)):
+        shapes, dtypes, cuda = [], [], False
+        for x in t[:64]:
+            s, d, c = _describe_tensors(x)
+            shapes.extend(s)
+            dtypes.extend(d)
+            cuda = cuda or c
+        return tuple(shapes), tuple(dtypes), cuda
+    shape = getattr(t, "shape", None)
+    if shape is None:
+        return (), (), False
+    return (tuple(shape),), (_dtype_name(t.dtype),), t.is_cuda
+
+
+def _digest(t, limit: int) -> int | None:
+    """CRC-32 of a CPU tensor's bytes, or None (on a GPU: reading it would sync; sparse; too big)."""
+    if getattr(t, "is_cuda", True) or t.device.type != "cpu" or t.is_sparse:
+        return None
+    n = t.numel() * t.element_size()
+    if n == 0 or n > limit:
+        return None
+    if not t.is_contiguous():
+        t = t.detach().contiguous()   # a private copy (a sliced batch, say); the user's tensor is untouched
+    return zlib.crc32(ctypes.string_at(t.data_ptr(), n))
+
+
+def _param_getter(sig: inspect.Signature, name: str | None):
+    """A fast getter for one argument of a call, by position or keyword, with its default."""
+    if name is None or name not in sig.parameters:
+        return lambda args, kwargs: None
+    params = list(sig.parameters)
+    idx = params.index(name)
+    default = sig.parameters[name].default
+    default = None if default is inspect.Parameter.empty else default
+
+    def get(args, kwargs):
+        if len(args) > idx:
+            return args[idx]
+        return kwargs.get(name, default)
+
+    return get
+
+
+def _describe_group(pg):
+    c10d = _c10d
+    ranks = list(c10d.get_process_group_ranks(pg))
+    try:
+        backend = str(c10d.get_backend(pg))
+    except Exception:
+        backend = ""
+    get_seq = getattr(pg, "_get_sequence_number_for_group", None)
+    try:
+        get_seq()
+    except Exception:
+        get_seq = None
+    return str(getattr(pg, "group_name", "")), str(getattr(pg, "group_desc", "")), ranks, backend, get_seq
+
+
+def _to_global(gs, group_rank):
+    try:
+        return gs.ranks[group_rank]
+    except (IndexError, TypeError):
+        return -1
+
+
+def _make_c10d_wrapper(name, orig):
+    backend_op, tensor_param, reducing, kind = C10D_OPS[name]
+    sig = inspect.signature(orig)
+    get_group = _param_getter(sig, "group")
+    get_tensor = _param_getter(sig, tensor_param)
+    get_redop = _param_getter(sig, "op") if reducing else (lambda a, k: None)
+    get_async = _param_getter(sig, "async_op")
+    root_name = "src" if "src" in sig.parameters else "dst" if "dst" in sig.parameters else None
+    get_root = _param_getter(sig, root_name)
+    get_group_root = _param_getter(sig, "group_" + root_name) if root_name else (lambda a, k: None)
+    get_p2p_list = _param_getter(sig, "p2p_op_list")
+    is_batch = kind == "b"
+    # A batch is p2p too: on gloo it moves only its members' counters, like send/recv.
+    is_p2p = kind == "p" or is_batch
+    op_name = name
+    digestible = name in DIGEST_OPS
+
+    @functools.wraps(orig)
+    def wrapper(*args, **kwargs):
+        rec = recorder
+        if rec is None or rec.disabled or _is_compiling():
+            return orig(*args, **kwargs)
+        local = rec.local
+        if local.depth:
+            return orig(*args, **kwargs)
+        try:
+            if is_batch:
+                ops = get_p2p_list(args, kwargs)
+                group = ops[0].group if ops else None
+            else:
+                group = get_group(args, kwargs)
+            if group is None:
+                group = _c10d._world.default_pg
+                if group is None:
+                    return orig(*args, **kwargs)
+            elif group is _NON_MEMBER:
+                return orig(*args, **kwargs)
+            gs = rec.group_state(group, _describe_group)
+            is_async = bool(get_async(args, kwargs)) or kind == "p" and op_name in ("isend", "irecv") or is_batch
+            flags = (F_ASYNC if is_async else 0) | (F_P2P if is_p2p else 0)
+            root = peer = -1
+            pair = None
+            if root_name is not None:
+                r = get_root(args, kwargs)
+                if r is None:
+                    gr = get_group_root(args, kwargs)
+                    r = _to_global(gs, gr) if gr is not None else -1
+                if is_p2p:
+                    peer = r
+                    me = rec.rank
+                    pair = (me, peer) if backend_op == "send" else (peer, me)
+                else:
+                    root = r
+            if is_batch:
+                shapes, dtypes, cuda = _describe_tensors([o.tensor for o in ops])
+                redop = None
+                peer = ops[0].peer if ops else -1
+                pair = (rec.rank, "batch", peer)
+            else:
+                tensor = get_tensor(args, kwargs)
+                shapes, dtypes, cuda = _describe_tensors(tensor)
+                redop = _redop_name(get_redop(args, kwargs))
+            digest = 0
+            if digestible and rec.digest_bytes and not cuda:
+                d = _digest(tensor, rec.digest_bytes)
+                if d is not None:
+                    digest, flags = d, flags | F_DIGEST
+            bop = BACKEND_OVERRIDES.get((gs.backend, backend_op), backend_op)
+            sig_id = rec.sig_id((op_name, bop, gs.id, shapes, dtypes, redop, root, peer, is_async))
+            ctx = rec.enter(gs, sig_id, sys._getframe(1), flags, pair, peer, digest)
+        except Exception as exc:
+            rec.internal_error(exc)
+            return orig(*args, **kwargs)
+        local.depth = 1
+        try:
+            result = orig(*args, **kwargs)
+        except BaseException as exc:
+            local.depth = 0
+            try:
+                rec.fail(ctx, exc)
+            except Exception as inner:
+                rec.internal_error(inner)
+            raise
+        local.depth = 0
+        try:
+            if is_async:
+                waitable = result if result is not None else None
+                rec.exit(ctx, done=waitable is None, waitable=waitable)
+            elif cuda:
+                rec.exit(ctx, done=False, waitable=rec.cuda_event())
+            else:
+                rec.exit(ctx, done=True)
+        except Exception as exc:
+            rec.internal_error(exc)
+        return result
+
+    wrapper.__colltrace_original__ = orig
+    return wrapper
+
+
+def _make_coalescing_wrapper(orig):
+    """_coalescing_manager: the ops in its block become one backend op, recorded as one."""
+    import contextlib
+
+    sig = inspect.signature(orig)
+    get_group = _param_getter(sig, "group")
+    get_async = _param_getter(sig, "async_ops")
+
+    @functools.wraps(orig)
+    @contextlib.contextmanager
+    def wrapper(*args, **kwargs):
+        rec = recorder
+        if rec is None or rec.disabled or rec.local.depth or _is_compiling():
+            with orig(*args, **kwargs) as cm:
+                yield cm
+            return
+        ctx = None
+        try:
+            group = get_group(args, kwargs) or _c10d._world.default_pg
+            gs = rec.group_state(group, _describe_group)
+            is_async = bool(get_async(args, kwargs))
+            sig_id = rec.sig_id(("_coalescing_manager", "coalesced", gs.id, (), (), None, -1, -1, is_async))
+            ctx = rec.enter(gs, sig_id, sys._getframe(2), F_ASYNC if is_async else 0)
+        except Exception as exc:
+            rec.internal_error(exc)
+        rec.local.depth = 1 if ctx is not None else 0
+        try:
+            with orig(*args, **kwargs) as cm:
+                yield cm
+        except BaseException as exc:
+            rec.local.depth = 0
+            if ctx is not None:
+                rec.fail(ctx, exc)
+            raise
+        rec.local.depth = 0
+        if ctx is not None:
+            try:
+                works = list(getattr(cm, "works", ()) or ())
+                rec.exit(ctx, done=not works, waitable=works or None)
+            except Exception as exc:
+                rec.internal_error(exc)
+
+    wrapper.__colltrace_original__ = orig
+    return wrapper
+
+
+def _make_funcol_wrapper(name, orig, resolve_group):
+    backend_op, tensor_param, redop_param = FUNCOL_OPS[name]
+    sig = inspect.signature(orig)
+    get_group = _param_getter(sig, "group")
+    get_tag = _param_getter(sig, "tag")
+    get_tensor = _param_getter(sig, tensor_param)
+    get_redop = _param_getter(sig, redop_param)
+    get_src = _param_getter(sig, "src")
+    op_name = "funcol." + name
+
+    @functools.wraps(orig)
+    def wrapper(*args, **kwargs):
+        rec = recorder
+        if rec is None or rec.disabled or rec.local.depth or _is_compiling():
+            return orig(*args, **kwargs)
+        try:
+            pg = resolve_group(get_group(args, kwargs), get_tag(args, kwargs) or "")
+            gs = rec.group_state(pg, _describe_group)
+            shapes, dtypes, _ = _describe_tensors(get_tensor(args, kwargs))
+            redop = get_redop(args, kwargs)
+            src = get_src(args, kwargs)
+            root = _to_global(gs, src) if src is not None else -1
+            bop = BACKEND_OVERRIDES.get((gs.backend, backend_op), backend_op)
+            sig_id = rec.sig_id((op_name, bop, gs.id, shapes, dtypes, None if redop is None else str(redop), root, -1, True))
+            ctx = rec.enter(gs, sig_id, sys._getframe(1), F_ASYNC)
+        except Exception as exc:
+            rec.internal_error(exc)
+            return orig(*args, **kwargs)
+        rec.local.depth = 1
+        try:
+            result = orig(*args, **kwargs)
+        except BaseException as exc:
+            rec.local.depth = 0
+            rec.fail(ctx, exc)
+            raise
+        rec.local.depth = 0
+        try:
+            # The result completes lazily (AsyncCollectiveTensor); a later op on the same group
+            # completing implies this one did, and the reader infers it from that.
+            rec.exit(ctx, done=False)
+        except Exception as exc:
+            rec.internal_error(exc)
+        return result
+
+    wrapper.__colltrace_original__ = orig
+    return wrapper
+
+
+# ---- process groups and the recorder's life ------------------------------------------------
+
+def _ensure_recorder():
+    """Create this rank's recorder once the default group exists."""
+    global recorder
+    if recorder is not None or _state["recorder"] == "failed":
+        return recorder
+    with _lock:
+        if recorder is not None:
+            return recorder
+        try:
+            c10d = _c10d
+            if not c10d.is_initialized():
+                return None
+            from colltrace.recorder import Recorder
+
+            settings = _state["settings"]
+            pg = c10d._get_default_group()
+            rec = Recorder(settings, c10d.get_rank(), c10d.get_world_size(), str(c10d.get_backend(pg)))
+            rec.group_state(pg, _describe_group)
+            for other in list(c10d._world.pg_names):
+                if other is not pg and other is not None:
+                    rec.group_state(other, _describe_group)
+            global _is_compiling
+            try:  # resolved here, not at install: install may run while torch is still importing
+                import torch.compiler
+
+                _is_compiling = torch.compiler.is_compiling
+            except Exception:
+                pass
+            recorder = rec
+            _state["recorder"] = rec
+            _install_funcol()
+            from colltrace import launcher
+
+            launcher.ensure_watchdog(settings, rec)
+        except Exception as exc:
+            _state["recorder"] = "failed"
+            sys.stderr.write(f"colltrace: tracing disabled on this process, could not start: {exc!r}\n")
+        return recorder
+
+
+def _make_group_hook(orig):
+    @functools.wraps(orig)
+    def wrapper(*args, **kwargs):
+        result = orig(*args, **kwargs)
+        try:
+            rec = recorder if recorder is not None else _ensure_recorder()
+            if rec is not None and not rec.disabled:
+                pg = args[0] if args else kwargs.get("pg")
+                if pg is not None:
+                    rec.group_state(pg, _describe_group)
+        except Exception:
+            pass  # torch fills in the group's ranks after registering it: described at first use
+        return result
+
+    wrapper.__colltrace_original__ = orig
+    return wrapper
+
+
+def _make_init_hook(orig):
+    @functools.wraps(orig)
+    def wrapper(*args, **kwargs):
+        result = orig(*args, **kwargs)
+        _ensure_recorder()
+        return result
+
+    wrapper.__colltrace_original__ = orig
+    return wrapper
+
+
+def _check_op_accepting_originals(orig_check):
+    """P2POp validates op by identity against isend/irecv: accept the unpatched ones too, so a
+    P2POp built from a reference taken before colltrace was installed keeps working."""
+    originals = _state["originals"]
+
+    @functools.wraps(orig_check)
+    def check(op):
+        if op is originals.get("isend") or op is originals.get("irecv"):
+            return None
+        return orig_check(op)
+
+    check.__colltrace_original__ = orig_check
+    return check
+
+
+# ---- install / uninstall --------------------------------------------------------------------
+
+def _sweep(replacements: dict) -> None:
+    """Rebind by-name imports (from torch.distributed import all_reduce) made before install."""
+    for mod_name, mod in list(sys.modules.items()):
+        d = getattr(mod, "__dict__", None)
+        if not isinstance(d, dict) or mod_name.startswith("colltrace"):
+            continue
+        try:
+            hits = [k for k, v in d.items() if type(v).__name__ == "function" and id(v) in replacements]
+        except RuntimeError:
+            continue
+        for k in hits:
+            orig, new = replacements[id(d[k])]
+            if d[k] is orig:
+                d[k] = new
+
+
+def install() -> bool:
+    global _c10d
+    with _lock:
+        if _state["installed"]:
+            return True
+        settings = config.load()
+        _state["settings"] = settings
+        config.warn_once(settings)
+        import torch.distributed.distributed_c10d as c10d
+
+        _c10d = c10d
+        global _NON_MEMBER
+        _NON_MEMBER = c10d.GroupMember.NON_GROUP_MEMBER
+        originals = _state["originals"]
+        replacements = {}
+
+        def patch(name, factory):
+            orig = getattr(c10d, name, None)
+            if orig is None or hasattr(orig, "__colltrace_original__"):
+                return
+            new = factory(orig)
+            originals[name] = orig
+            setattr(c10d, name, new)
+            replacements[id(orig)] = (orig, new)
+
+        for name in C10D_OPS:
+            patch(name, functools.partial(_make_c10d_wrapper, name))
+        patch("_coalescing_manager", _make_coalescing_wrapper)
+        patch("init_process_group", _make_init_hook)
+        patch("_register_pg_in_world", _make_group_hook)
+        patch("_check_op", _check_op_accepting_originals)
+        _sweep(replacements)
+        _state["replacements"] = replacements
+        _state["installed"] = True
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        if c10d.is_initialized():
+            _ensure_recorder()
+        return True
+
+
+def _install_funcol():
+    """Functional collectives are patched once torch.distributed is fully imported."""
+    if _state["funcol"]:
+        return
+    _state["funcol"] = True
+    try:
+        import torch.distributed._functional_collectives as funcol
+    except Exception:
+        return
+    originals = _state["originals"]
+    replacements = {}
+
+    def resolve(group, tag):
+        return _c10d._resolve_process_group(funcol._resolve_group_name(group, tag))
+
+    for name in FUNCOL_OPS:
+        orig = getattr(funcol, name, None)
+        if orig is None or hasattr(orig, "__colltrace_original__"):
+            continue
+        new = _make_funcol_wrapper(name, orig, resolve)
+        originals["funcol." + name] = orig
+        setattr(funcol, name, new)
+        replacements[id(orig)] = (orig, new)
+    _sweep(replacements)
+    _state["replacements"].update(replacements)
+
+
+def _after_fork_in_child():
+    # A forked child of a rank (a DataLoader worker) must not write into its parent's trace.
+    # A child forked before its parent became a rank (start_processes(start_method="fork") from
+    # a traced launcher) becomes a rank itself: it starts its own recorder at init_process_group.
+    global recorder
+    if recorder is None and _state["recorder"] is None:
+        return
+    if recorder is not None:
+        recorder.disabled = True
+    recorder = None
+    _state["recorder"] = "failed"
+
+
+def uninstall() -> None:
+    global recorder
+    with _lock:
+        if not _state["installed"]:
+            return
+        reverse = {id(new): (new, orig) for orig, new in _state["replacements"].values()}
+        for name, orig in _state["originals"].items():
+            if name.startswith("funcol."):
+                import torch.distributed._functional_collectives as funcol
+
+                setattr(funcol, name[7:], orig)
+            else:
+                setattr(_c10d, name, orig)
+        _sweep(reverse)
+        _state["originals"].clear()
+        _state["installed"] = False
+        _state["funcol"] = False
+        if isinstance(_state["recorder"], object) and recorder is not None:
+            recorder.close()
+        recorder = None
+        _state["recorder"] = None
+
+
+def is_installed() -> bool:
+    return _state["installed"]

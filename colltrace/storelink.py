@@ -1,0 +1,253 @@
+"""The job's c10d TCPStore as the watchdogs' meeting point.
+
+Only watchdogs talk to the store, never the traced ranks: one compact summary per node
+(all its ranks at once, zlib-compressed JSON) is written at most every PUBLISH_S, so store
+traffic grows with the number of nodes, not ranks or collectives. The leader (the node that
+holds rank 0) reads every node's summary, runs the one global analysis, and writes back the
+findings and the ranks whose live stacks it wants. `colltrace dump --from-store` and the
+dashboard read the same keys from outside the job.
+
+Keys (all under PREFIX):
+  nodes            counter; each node watchdog takes an index with add(1)
+  node/<i>         zlib(JSON summary of node i), its group table replaced by "groups_crc"
+  node/<i>/groups  zlib(JSON group table of node i), rewritten only when it changes: it lists
+                   every member of every group (a 1,024-rank world group in each node's table)
+  want             JSON list of global ranks whose live stack the leader needs
+  findings         zlib(JSON list of findings so far)
+  hang             set by the leader when it finds a hang: every node then acts on
+                   COLLTRACE_ON_HANG (dump its ranks' stacks; abort: end them too)
+"""
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from datetime import timedelta
+
+PREFIX = "colltrace/v1/"
+PUBLISH_S = 0.25
+
+
+class StoreError(Exception):
+    """The store cannot be reached or holds something that is not colltrace's (one line)."""
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise StoreError(f"{text!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def address_from_env(environ=os.environ) -> tuple[str, int] | None:
+    """COLLTRACE_STORE=HOST:PORT, or off; by default the job's MASTER_ADDR:MASTER_PORT, unless the
+    whole job is on this host (torchrun's LOCAL_WORLD_SIZE == WORLD_SIZE): then the trace folder
+    is the meeting point, and the watchdog need not import torch to reach the store."""
+    explicit = environ.get("COLLTRACE_STORE", "").strip()
+    if explicit.lower() == "off":
+        return None
+    if explicit:
+        return parse_address(explicit)
+    world, local = environ.get("WORLD_SIZE", ""), environ.get("LOCAL_WORLD_SIZE", "")
+    if world.isdigit() and world == local:
+        return None
+    addr, port = environ.get("MASTER_ADDR"), environ.get("MASTER_PORT")
+    if addr and port and port.isdigit():
+        return addr, int(port)
+    return None
+
+
+def encode(obj) -> bytes:
+    return zlib.compress(json.dumps(obj, separators=(",", ":"), default=str).encode(), 1)
+
+
+def decode(data: bytes):
+    try:
+        return json.loads(zlib.decompress(data))
+    except (zlib.error, ValueError) as exc:
+        raise StoreError(f"a colltrace key in the store holds something unreadable ({exc})") from None
+
+
+def node_payload(summary: dict) -> tuple[bytes, bytes, int, bytes]:
+    """(summary, group table, the table's CRC, beat), encoded. The summary leaves out what changes
+    on every round even in a hang (its time, the ranks' heartbeats: the beat), so that a hung
+    job's summaries stay byte for byte the same and the leader decodes each one once."""
+    summary = dict(summary)
+    groups = encode(summary.pop("groups", None) or {})
+    crc = zlib.crc32(groups)
+    summary["groups_crc"] = crc
+    beat = {"t": summary.pop("t", None), "hb": {}}
+    ranks = {}
+    for r, e in (summary.get("ranks") or {}).items():
+        if isinstance(e, dict) and "heartbeat" in e:
+            e = dict(e)
+            beat["hb"][r] = e.pop("heartbeat")
+        ranks[r] = e
+    summary["ranks"] = ranks
+    return encode(summary), groups, crc, json.dumps(beat, separators=(",", ":")).encode()
+
+
+class StoreLink:
+    def __init__(self, host: str, port: int, timeout_s: float = 5.0):
+        self.address = f"{host}:{port}"
+        # c10d logs each failed connect attempt in C++; our one-line error says it once. Only
+        # effective before torch is imported, which holds in the watchdog and the CLI.
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+        try:
+            from torch.distributed import TCPStore
+
+            self._store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s),
+                                   wait_for_workers=False)
+        except Exception as exc:  # RuntimeError/DistStoreError from c10d, OSError
+            raise StoreError(f"cannot reach the job's store at {self.address}: {_one_line(exc)}") from None
+        self.node_index: int | None = None
+        self._present: set[str] = set()   # node keys known to exist (they are never deleted)
+        self._groups: dict[str, tuple] = {}  # node key -> (crc, group table), read side
+        self._groups_crc = None              # what this node last wrote, write side
+        self._data = None
+        self._decoded: dict[str, tuple] = {}  # node key -> (bytes, summary): decoded once
+
+    # -- node side ----------------------------------------------------------------------
+    def publish_node(self, summary: dict) -> None:
+        try:
+            if self.node_index is None:
+                self.node_index = int(self._store.add(PREFIX + "nodes", 1))
+            key = f"{PREFIX}node/{self.node_index}"
+            data, groups, crc, beat = node_payload(summary)
+            if crc != self._groups_crc:   # groups first: a summary never points at a missing table
+                self._store.set(key + "/groups", groups)
+                self._groups_crc = crc
+            if data != self._data:
+                self._store.set(key, data)
+                self._data = data
+            self._store.set(key + "/beat", beat)
+        except Exception as exc:
+            raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None
+
+    def wanted_stacks(self) -> set[int]:
+        raw = self._get(PREFIX + "want")
+        if raw is None:
+            return set()
+        try:
+            return {int(r) for r in json.loads(raw)}
+        except (ValueError, TypeError):
+            return set()
+
+    def hang_reported(self) -> str | None:
+        raw = self._get(PREFIX + "hang")
+        return raw.decode(errors="replace") if raw is not None else None
+
+    # -- leader side ----------------------------------------------------------------------
+    def node_summaries(self, skip: int | None = None) -> list[dict]:
+        try:
+            n = int(self._store.add(PREFIX + "nodes", 0))
+            keys = [f"{PREFIX}node/{i}" for i in range(1, n + 1) if i != skip]
+            # A node takes its index before it writes its key: ask only about keys not seen yet.
+            for k in keys:
+                if k not in self._present and self._store.check([k]):
+                    self._present.add(k)
+                b = k + "/beat"    # written after the summary: may lag it by a round
+                if k in self._present and b not in self._present and self._store.check([b]):
+                    self._present.add(b)
+            present = [k for k in keys if k in self._present]
+            beats = [k + "/beat" for k in present if k + "/beat" in self._present]
+            values = self._store.multi_get(present + beats) if present else []
+        except Exception as exc:
+            raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None
+        beat_of = {}
+        for k, v in zip(beats, values[len(present):]):
+            try:
+                beat_of[k[:-len("/beat")]] = json.loads(bytes(v))
+            except ValueError:
+                continue
+        out = []
+        for key, v in zip(present, values):
+            try:
+                raw = bytes(v)
+                have = self._decoded.get(key)
+                if have is not None and have[0] == raw:
+                    s = have[1]
+                else:
+                    s = decode(raw)
+                    if not (isinstance(s, dict) and isinstance(s.get("ranks"), dict)):
+                        continue
+                    s["groups"] = self._groups_of(key, s.get("groups_crc"), s.get("groups"))
+                    self._decoded[key] = (raw, s)
+            except StoreError:
+                continue  # one node's bad value must not hide the others
+            out.append(_with_beat(s, beat_of.get(key)))
+        return out
+
+    def _groups_of(self, key: str, crc, inline) -> dict:
+        """A node's group table, fetched again only when its checksum changed."""
+        if crc is None:
+            return inline if isinstance(inline, dict) else {}
+        have = self._groups.get(key)
+        if have is None or have[0] != crc:
+            groups = decode(self._get(key + "/groups") or encode({}))
+            have = self._groups[key] = (crc, groups if isinstance(groups, dict) else {})
+        return have[1]
+
+    def set_wanted_stacks(self, ranks) -> None:
+        self._set(PREFIX + "want", json.dumps(sorted(ranks)).encode())
+
+    def publish_findings(self, findings: list[dict]) -> None:
+        self._set(PREFIX + "findings", encode(findings))
+
+    def findings(self) -> list[dict]:
+        raw = self._get(PREFIX + "findings")
+        return decode(raw) if raw is not None else []
+
+    def report_hang(self, why: str) -> None:
+        self._set(PREFIX + "hang", why.encode())
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _get(self, key: str) -> bytes | None:
+        try:
+            if not self._store.check([key]):
+                return None
+            return bytes(self._store.get(key))
+        except Exception as exc:
+            raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None
+
+    def _set(self, key: str, value: bytes) -> None:
+        try:
+            self._store.set(key, value)
+        except Exception as exc:
+            raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None
+
+
+def _with_beat(summary: dict, beat) -> dict:
+    """A fresh copy of a (cached) summary with its time and heartbeats put back."""
+    beat = beat if isinstance(beat, dict) else {}
+    hb = beat.get("hb") if isinstance(beat.get("hb"), dict) else {}
+    ranks = {r: (dict(e, heartbeat=hb[r]) if r in hb and isinstance(e, dict) else e)
+             for r, e in summary["ranks"].items()}
+    return dict(summary, t=beat.get("t", summary.get("t")), ranks=ranks)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+def snapshot_to_folder(address: str, directory: str) -> str:
+    """`colltrace dump --from-store`: the live (even hung) job's merged state into DIR/snapshot.json."""
+    import time
+
+    host, port = parse_address(address)
+    link = StoreLink(host, port)
+    summaries = link.node_summaries()
+    if not summaries:
+        raise StoreError(f"the store at {address} holds no colltrace state (is the job running with COLLTRACE=1?)")
+    from colltrace.snapshot import merge
+
+    snap = merge(summaries, time.time())
+    snap["findings"] = link.findings()
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, "snapshot.json")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(snap, f, default=str)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,420 @@
+"""Reads a trace folder into plain data: records per rank and the analyzer's snapshot.
+
+No torch import: this runs on a laptop holding files copied from a cluster. Used
+incrementally by the watchdog (RankTrace.poll) and once by `colltrace dump/analyze`.
+"""
+from __future__ import annotations
+
+import collections
+import glob
+import json
+import os
+import re
+
+from colltrace import flightrecorder, ringfile
+from colltrace.analysis.report import user_frames
+from colltrace.ringfile import COMPLETE, ENTER, F_ASYNC, F_DIGEST, F_DONE, F_P2P, FAIL, RETURN, UNTRACED
+
+RANK_FILE = re.compile(r"rank-(\d+)\.ring$")
+FATAL_SIGNALS = {
+    "Segmentation fault": ("SIGSEGV", -11),
+    "Aborted": ("SIGABRT", -6),
+    "Bus error": ("SIGBUS", -7),
+    "Floating point exception": ("SIGFPE", -8),
+    "Illegal instruction": ("SIGILL", -4),
+}
+
+
+class TraceError(Exception):
+    """A folder or file that cannot be read as a colltrace trace (one clear line)."""
+
+
+def rank_files(directory: str) -> dict[int, str]:
+    if not os.path.isdir(directory):
+        raise TraceError(f"{directory}: no such folder")
+    out = {}
+    for path in glob.glob(os.path.join(directory, "rank-*.ring")):
+        m = RANK_FILE.search(path)
+        if m:
+            out[int(m.group(1))] = path
+    return dict(sorted(out.items()))
+
+
+def parse_fault(text: str) -> dict | None:
+    """faulthandler's report -> {"signal", "code", "frames"} (innermost last)."""
+    if not text.strip():
+        return None
+    signal = code = None
+    for needle, (name, c) in FATAL_SIGNALS.items():
+        if f"Fatal Python error: {needle}" in text:
+            signal, code = name, c
+            break
+    # faulthandler lists every thread; the one that took the signal is "Current thread".
+    threads = []
+    for m in re.finditer(r"(Current thread|Thread) (0x[0-9a-f]+)[^\n]*\(most recent call first\):\n((?:  File .*\n?)+)", text):
+        frames = [{"file": f.group(1), "line": int(f.group(2)), "func": f.group(3)}
+                  for f in re.finditer(r'File "([^"]+)", line (\d+) in (\S+)', m.group(3))]
+        frames.reverse()
+        threads.append({"thread": m.group(2), "current": m.group(1) == "Current thread", "frames": frames})
+    current = next((t for t in threads if t["current"]), threads[0] if threads else None)
+    if current is not None and not user_frames(current["frames"]):
+        # The signal hit a thread with none of the user's frames (gloo's SIGABRT lands wherever;
+        # colltrace's own poller): show the thread that has them. faulthandler lists the newest
+        # thread first, so the main thread is the last.
+        current = next((t for t in reversed(threads) if user_frames(t["frames"])), current)
+    frames = current["frames"] if current else []
+    return {"signal": signal, "code": code, "frames": frames, "threads": threads}
+
+
+class RankTrace:
+    """One rank's records, assembled from its ring and definitions files."""
+
+    def __init__(self, directory: str, rank: int, window: int | None = 512):
+        self.rank = rank
+        base = os.path.join(directory, f"rank-{rank:05d}")
+        self.ring = ringfile.RingReader(base + ".ring")
+        self.defs = ringfile.DefsReader(base + ".defs.jsonl")
+        self.fault_path = base + ".fault.txt"
+        self.meta: dict = {}
+        self.exit: dict | None = None
+        self.exception: dict | None = None
+        self.notes: list[str] = []
+        self.errors: dict[int, dict] = {}
+        self.groups: dict[int, dict] = {}
+        self.sigs: dict[int, dict] = {}
+        self.codes: dict[int, dict] = {}
+        self.stacks: dict[int, list] = {}
+        self.threads: dict[int, str] = {}
+        self.records: collections.OrderedDict[int, dict] = collections.OrderedDict()
+        self.open: dict[int, dict] = {}          # entered, not finished: kept past the window
+        self.progress: dict[str, dict] = {}
+        self.window = window
+        self.error: str | None = None
+        self._fault: dict | None = None
+        self._fr: tuple | None = None   # (mtime, the Flight Recorder dump) read from rank-N.fr.json
+        self.last_event_t = 0.0   # time of the newest slot read: a live stack older than it is stale
+        self.digests = False   # some record carries an input digest (COLLTRACE_DIGEST)
+        self._untraced = 0
+
+    # -- definitions ----------------------------------------------------------------------
+    def _apply_def(self, d: dict) -> None:
+        k = d.get("k")
+        try:
+            if k == "code":
+                self.codes[int(d["id"])] = d
+            elif k == "stack":
+                self.stacks[int(d["id"])] = d["frames"]
+            elif k == "sig":
+                self.sigs[int(d["id"])] = d
+            elif k == "group":
+                self.groups[int(d["id"])] = {"name": str(d["name"]), "desc": d.get("desc", ""),
+                                             "ranks": [int(r) for r in d["ranks"]], "backend": d.get("backend", "")}
+            elif k == "thread":
+                self.threads[int(d["id"])] = str(d.get("name", ""))
+            elif k == "meta":
+                self.meta = d
+                # a restarted rank: forget the previous incarnation
+                self.records.clear()
+                self.open.clear()
+                self.progress.clear()
+            elif k == "exit":
+                self.exit = d
+            elif k == "exception":
+                self.exception = d
+            elif k == "error":
+                self.errors[int(d["rec"])] = d
+            elif k == "note":
+                self.notes.append(str(d.get("text", "")))
+        except (KeyError, TypeError, ValueError):
+            self.defs.bad_lines += 1
+
+    def frames(self, stack_id: int) -> list[dict]:
+        cached = self.stacks.get(stack_id)
+        if cached is None:
+            return []
+        if cached and isinstance(cached[0], dict):
+            return cached
+        out = []
+        for cid, line in reversed(cached):   # stored innermost first; contract: innermost last
+            c = self.codes.get(cid, {})
+            out.append({"file": c.get("file", "?"), "line": line, "func": c.get("func", "?")})
+        self.stacks[stack_id] = out
+        return out
+
+    # -- slots ----------------------------------------------------------------------------
+    def poll(self) -> int:
+        """Read what was written since the last call; returns how many slots were new."""
+        try:
+            if self.ring.reopened():
+                self.__init__(os.path.dirname(self.ring.path), self.rank, self.window)
+            # The fault report before the ring: a rank seen dead is then never seen short of what
+            # it wrote before it died (its last collective returned, say).
+            self._read_fault()
+            slots = self.ring.poll()        # slots first: every def they use is already written
+            for d in self.defs.poll():
+                self._apply_def(d)
+        except (OSError, ringfile.RingFormatError) as exc:
+            self.error = str(exc)
+            return 0
+        for s in slots:
+            self._apply_slot(s)
+        if slots:
+            self.last_event_t = max(self.last_event_t, slots[-1][10])
+        return len(slots)
+
+    def _group_name(self, gid: int) -> str:
+        g = self.groups.get(gid)
+        return g["name"] if g else f"?{gid}"
+
+    def _bump(self, group: str, key: str, seq: int) -> None:
+        p = self.progress.get(group)
+        if p is None:
+            p = self.progress[group] = {"entered": 0, "completed": 0}
+        if seq > p[key]:
+            p[key] = seq
+
+    def _apply_slot(self, s: tuple) -> None:
+        kind, flags, _, gid, sig_id, stack_id, tid, a32, seq, aux, t, rec_id, _ = s
+        if kind == ENTER:
+            sig = self.sigs.get(sig_id, {})
+            p2p = bool(flags & F_P2P)
+            is_async = bool(flags & F_ASYNC)
+            root = sig.get("root", -1)
+            peer = sig.get("peer", -1) if p2p else -1
+            r = {
+                "id": rec_id, "rank": self.rank, "group": self._group_name(gid), "seq": seq, "seq_end": seq,
+                "op": sig.get("op", "unknown"), "backend_op": sig.get("backend_op", "unknown"),
+                "p2p": p2p, "peer": peer if peer is not None and peer >= 0 else None,
+                "state": "in_flight" if is_async else "waiting", "async": is_async,
+                "entered_at": t, "returned_at": None, "completed_at": None,
+                "shapes": [list(x) for x in sig.get("shapes", [])], "dtypes": list(sig.get("dtypes", [])),
+                "reduce_op": sig.get("reduce_op"), "root": root if root is not None and root >= 0 else None,
+                "count": 1, "thread": self.threads.get(tid, ""), "frames": self.frames(stack_id),
+            }
+            if flags & F_DIGEST:
+                r["digest"] = f"{a32:08x}"
+                self.digests = True
+            self._add(r)
+            self.open[rec_id] = r
+            if not p2p:
+                self._bump(r["group"], "entered", seq)
+        elif kind == UNTRACED:
+            group = self._group_name(gid)
+            r = {"id": -(self._untraced + 1), "rank": self.rank, "group": group, "seq": seq, "seq_end": seq + aux - 1,
+                 "op": "untraced", "backend_op": "untraced", "p2p": False, "peer": None, "state": "completed",
+                 "async": False, "entered_at": t, "returned_at": t, "completed_at": t, "shapes": [], "dtypes": [],
+                 "reduce_op": None, "root": None, "count": aux, "thread": "", "frames": []}
+            self._untraced += 1
+            self._add(r)
+            self._bump(group, "entered", r["seq_end"])
+            self._bump(group, "completed", r["seq_end"])
+        else:
+            r = self.open.get(rec_id) or self.records.get(rec_id)
+            if r is None:
+                return  # its ENTER was overwritten in the ring
+            if kind == RETURN:
+                r["returned_at"] = t
+                if not r["p2p"]:
+                    r["seq_end"] = max(aux, r["seq"])
+                    self._bump(r["group"], "entered", r["seq_end"])
+                if flags & F_DONE:
+                    self._complete(r, t)
+                else:
+                    r["state"] = "in_flight"
+            elif kind == COMPLETE:
+                self._complete(r, t)
+            elif kind == FAIL:
+                r["state"] = "failed"
+                r["returned_at"] = t
+                err = self.errors.get(rec_id)
+                if err:
+                    r["error"] = f"{err.get('type')}: {err.get('message')}"
+                self.open.pop(rec_id, None)
+
+    def _add(self, r: dict) -> None:
+        self.records[r["id"]] = r
+        if self.window is not None:
+            while len(self.records) > self.window:
+                self.records.popitem(last=False)
+
+    def _complete(self, r: dict, t: float) -> None:
+        r["state"] = "completed"
+        r["completed_at"] = t
+        self.open.pop(r["id"], None)
+        if r["p2p"]:
+            return
+        self._bump(r["group"], "completed", r["seq_end"])
+        # Work on one group completes in order: earlier in-flight ops on it are done too.
+        for other in list(self.open.values()):
+            if other["group"] == r["group"] and not other["p2p"] and other["seq"] < r["seq"] and other["state"] == "in_flight":
+                other["state"] = "completed"
+                other["completed_at"] = other["completed_at"] or t
+                self.open.pop(other["id"], None)
+
+    # -- views ----------------------------------------------------------------------------
+    def all_records(self) -> list[dict]:
+        recs = list(self.records.values())
+        seen = {r["id"] for r in recs}
+        recs.extend(r for r in self.open.values() if r["id"] not in seen)
+        recs.sort(key=lambda r: (r["entered_at"], r["id"]))
+        return recs
+
+    def fault(self) -> dict | None:
+        """faulthandler's report, as read by the last poll() (before the ring: see poll)."""
+        return self._fault
+
+    def _read_fault(self) -> None:
+        if self._fault is not None and self._fault.get("signal"):
+            return   # a fatal signal's report is final
+        try:
+            with open(self.fault_path, errors="replace") as f:
+                self._fault = parse_fault(f.read())
+        except FileNotFoundError:
+            pass
+
+    def flight_recorder(self) -> dict | None:
+        """The rank's last Flight Recorder dump, if it is newer than anything in its trace (an
+        older one describes a past the trace has moved beyond)."""
+        path = flightrecorder.dump_path(os.path.dirname(self.ring.path), self.rank)
+        try:
+            mtime = os.stat(path).st_mtime_ns
+        except OSError:
+            return None
+        if self._fr is None or self._fr[0] != mtime:
+            try:
+                with open(path) as f:
+                    data = json.load(f)
+            except (OSError, ValueError):
+                data = None
+            self._fr = (mtime, data if isinstance(data, dict) else None)
+        data = self._fr[1]
+        if data is None or not isinstance(data.get("t"), (int, float)) or data["t"] < self.last_event_t:
+            return None
+        return data
+
+    def status(self) -> tuple[str, dict | None]:
+        """What the files alone say about how this rank ended."""
+        fault = self.fault()
+        if fault and fault.get("signal"):
+            return "dead", {"signal": fault["signal"], "code": fault["code"]}
+        if self.exit is not None:
+            if self.exception is not None:
+                return "exited", {"code": 1, "exception": f"{self.exception.get('type')}: {self.exception.get('message')}"}
+            return "exited", {"code": 0}
+        return "unknown", None
+
+    def snapshot_entry(self) -> dict:
+        if self.error:
+            return {"rank": self.rank, "status": "unreadable", "error": self.error, "records": [], "progress": {},
+                    "pid": None, "host": None, "exit": None, "died_at": None, "heartbeat": None,
+                    "stack": None, "stack_at": None, "fault": None}
+        status, exit_info = self.status()
+        fault = self.fault()
+        entry = {
+            "rank": self.rank, "pid": self.meta.get("pid"), "host": self.meta.get("host"), "job": self.meta.get("job"),
+            "status": status, "exit": exit_info, "died_at": None,
+            "heartbeat": self.ring.heartbeat or None, "error": None,
+            "progress": {g: dict(p) for g, p in self.progress.items()},
+            "records": self.all_records(), "stack": None, "stack_at": None,
+            "fault": None, "lost_slots": self.ring.lost, "stall_s": self.meta.get("stall_s"),
+        }
+        if self.digests:
+            entry["digests"] = True
+        untraced = flightrecorder.untraced_since(self.flight_recorder(), entry["progress"])
+        if untraced:
+            # Entered without colltrace seeing it (DDP's C++ all-reduces): the Flight Recorder says
+            # what, and the rank has entered those numbers, whatever the trace alone says.
+            entry["untraced"] = untraced
+            for u in untraced:
+                p = entry["progress"].setdefault(u["group"], {"entered": 0, "completed": 0})
+                p["entered"] = max(p["entered"], u["seq"])
+        if fault:
+            entry["fault"] = fault
+            if fault["frames"]:
+                entry["stack"] = fault["frames"]
+        if self.exception:
+            entry["exception"] = self.exception
+        return entry
+
+
+def job_stall_s(snap: dict, default: float | None = None) -> float:
+    """The COLLTRACE_STALL_S the job ran with (each rank's entry carries it), so that an analysis
+    after the fact agrees with the live one; else `default`, else this environment's setting."""
+    for entry in (snap.get("ranks") or {}).values():
+        v = entry.get("stall_s") if isinstance(entry, dict) else None
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0:
+            return float(v)
+    if default is not None:
+        return default
+    from colltrace import config
+
+    return config.load().stall_s
+
+
+def groups_of(traces) -> dict[str, dict]:
+    out = {}
+    for tr in traces:
+        for g in tr.groups.values():
+            out.setdefault(g["name"], {"name": g["name"], "desc": g["desc"], "ranks": g["ranks"]})
+    return out
+
+
+def _newest_job(traces: list[RankTrace]) -> list[RankTrace]:
+    """A folder reused across runs may hold ranks of an older job: keep the newest job's."""
+    jobs = {}
+    for tr in traces:
+        job = tr.meta.get("job")
+        jobs[job] = max(jobs.get(job, 0), tr.meta.get("started", 0))
+    if len(jobs) <= 1:
+        return traces
+    newest = max(jobs, key=jobs.get)
+    return [tr for tr in traces if tr.meta.get("job") == newest or tr.error]
+
+
+def load_traces(directory: str, window: int | None = None) -> list[RankTrace]:
+    files = rank_files(directory)
+    if not files and not os.path.exists(os.path.join(directory, "snapshot.json")):
+        raise TraceError(f"{directory}: no colltrace trace files (rank-*.ring) in this folder")
+    traces = []
+    for rank in files:
+        tr = RankTrace(directory, rank, window=window)
+        tr.poll()
+        traces.append(tr)
+    return _newest_job(traces)
+
+
+def load_snapshot(directory: str) -> dict:
+    """The analyzer's input, from the files alone. A snapshot.json written by a live
+    watchdog or `colltrace dump --from-store` supplies what files cannot (liveness, live stacks)."""
+    saved = None
+    path = os.path.join(directory, "snapshot.json")
+    if os.path.exists(path):
+        try:
+            with open(path) as f:
+                saved = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise TraceError(f"{path}: not a readable snapshot ({exc})") from None
+        if not isinstance(saved, dict) or not isinstance(saved.get("ranks"), dict):
+            raise TraceError(f"{path}: not a colltrace snapshot (no 'ranks' table)")
+    traces = load_traces(directory) if rank_files(directory) else []
+    snap = {"version": 1, "taken_at": 0.0, "groups": groups_of(traces), "ranks": {}}
+    for tr in traces:
+        snap["ranks"][str(tr.rank)] = tr.snapshot_entry()
+    if saved is not None:
+        snap["groups"] = {**saved.get("groups", {}), **snap["groups"]}
+        for rank, entry in saved["ranks"].items():
+            mine = snap["ranks"].get(rank)
+            if mine is None or mine["status"] == "unreadable":
+                snap["ranks"][rank] = entry
+                continue
+            # the live view knows liveness and live stacks; the files know the final records
+            for key in ("status", "exit", "died_at", "stack", "stack_at", "pid", "host"):
+                if entry.get(key) is not None and not (key == "status" and mine["status"] in ("dead", "exited")):
+                    mine[key] = entry[key]
+        snap["taken_at"] = float(saved.get("taken_at") or 0.0)
+    last_seen = [snap["taken_at"]]
+    for e in snap["ranks"].values():
+        last_seen.append(e.get("heartbeat") or 0.0)
+        last_seen.extend(r.get("completed_at") or r.get("entered_at") or 0.0 for r in e.get("records", [])[-3:])
+    snap["taken_at"] = max(last_seen)
+    return snap

@@ -1,0 +1,404 @@
+"""The watchdog: one process per host, outside the traced ranks.
+
+It reads every local rank's ring (the ranks do nothing for it), watches their processes,
+and — on the host that holds rank 0 — runs the analysis over the whole job, live. Other
+hosts send it one compact summary per host through the job's TCPStore. It survives the
+launcher tearing the workers down, writes its findings, and exits when the job is gone.
+
+    python -m colltrace.watchdog --dir DIR --job JOB --host HOST
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+from colltrace import config, flightrecorder, stacks, storelink, trace
+from colltrace.analysis import HANG_KINDS, analyze, render_report
+from colltrace.analysis import report as report_mod
+from colltrace.snapshot import compact_entry, merge, suspects
+
+SUMMARY_RECORDS = 64          # recent records per rank sent to the analysis (open ones always)
+STACK_REFRESH_S = 2.0
+STORE_RETRY_S = 5.0
+WATCHDOG_NICE = 10            # scheduling priority of the watchdog's threads (0 = the ranks')
+
+
+def _yield_cpu() -> None:
+    """Run this thread (and the threads it starts) at a lower priority: where the ranks keep the
+    cores busy the watchdog must not slow them; in a hang they wait, and the cores are its."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WATCHDOG_NICE)   # Linux: this thread
+    except (AttributeError, OSError):
+        pass
+
+
+def _process_gone(pid: int | None) -> bool:
+    if not pid:
+        return False
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        return p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
+
+
+class NodeView:
+    """Everything this host can see: its ranks' files, processes and live stacks."""
+
+    def __init__(self, directory: str, job: str | None, host: str | None):
+        self.dir = directory
+        self.job = job
+        self.host = host
+        self.traces: dict[int, trace.RankTrace] = {}
+        self.ignored: set[int] = set()
+        self.died_at: dict[int, float] = {}
+        self.live_stacks: dict[int, tuple[float, list]] = {}
+        self.first_seen = time.time()
+
+    def discover(self) -> None:
+        try:
+            files = trace.rank_files(self.dir)
+        except trace.TraceError:
+            return
+        for rank in files:
+            if rank in self.traces or rank in self.ignored:
+                continue
+            tr = trace.RankTrace(self.dir, rank, window=SUMMARY_RECORDS * 4)
+            tr.poll()
+            if not tr.meta:
+                continue  # its meta line is not written yet: next round
+            if (self.job and tr.meta.get("job") != self.job) or (self.host and tr.meta.get("host") != self.host):
+                self.ignored.add(rank)  # another job's or another host's rank
+                continue
+            self.traces[rank] = tr
+
+    def poll(self) -> list[int]:
+        """Read new events and check liveness; returns ranks newly found gone."""
+        self.discover()
+        newly_gone = []
+        now = time.time()
+        for rank, tr in self.traces.items():
+            tr.poll()
+            if rank not in self.died_at and _process_gone(tr.meta.get("pid")):
+                self.died_at[rank] = now
+                tr.poll()  # whatever it wrote last
+                newly_gone.append(rank)
+        return newly_gone
+
+    def all_gone(self) -> bool:
+        return bool(self.traces) and len(self.died_at) == len(self.traces)
+
+    def entry(self, rank: int) -> dict:
+        tr = self.traces[rank]
+        e = tr.snapshot_entry()
+        recs = e["records"]
+        if len(recs) > SUMMARY_RECORDS:
+            e["records"] = [r for r in recs[:-SUMMARY_RECORDS] if r["state"] in ("waiting", "in_flight")] + recs[-SUMMARY_RECORDS:]
+        if rank in self.died_at:
+            e["died_at"] = self.died_at[rank]
+            if e["status"] == "unknown":
+                e["status"] = "dead"
+                e["exit"] = {"signal": None, "note": "gone without a trace: killed (SIGKILL/SIGTERM) or exited in native code"}
+        elif e["status"] == "unknown":
+            e["status"] = "alive"
+        live = self.live_stacks.get(rank)
+        if live and e["status"] == "alive" and live[0] >= tr.last_event_t:
+            e["stack_at"], e["stack"] = live   # only while the rank has done nothing since it was taken
+        return e
+
+    def summary(self) -> dict:
+        return {"host": self.host, "t": time.time(), "groups": trace.groups_of(self.traces.values()),
+                "ranks": {str(r): self.entry(r) for r in self.traces}}
+
+    def refresh_stacks(self, ranks, native=False, force=False) -> None:
+        now = time.time()
+        due = []
+        for rank in sorted(ranks):
+            tr = self.traces.get(rank)
+            if tr is None or rank in self.died_at:
+                continue
+            have = self.live_stacks.get(rank)
+            if have and not force and now - have[0] < STACK_REFRESH_S and have[0] >= tr.last_event_t:
+                continue   # fresh, and the rank has not moved since
+            due.append((rank, tr))
+        # What they entered untraced (DDP's all-reduces): their Flight Recorders, answered by each
+        # rank's own poller thread while py-spy reads the stacks below. All asked first.
+        for rank, _ in due:
+            try:
+                flightrecorder.request(self.dir, rank)
+            except OSError:
+                pass
+        for rank, tr in due:
+            threads = stacks.dump(tr.meta.get("pid"), native=native, timeout=5)
+            frames = threads.get("_main")
+            if frames is not None:
+                self.live_stacks[rank] = (now, frames)
+
+    def pids(self) -> dict[int, int]:
+        return {r: tr.meta.get("pid") for r, tr in self.traces.items() if tr.meta.get("pid") and r not in self.died_at}
+
+
+class Watchdog:
+    """One per host. Every host publishes its summary to the store; the host holding rank 0
+    (or the only host, when there is no store) is the leader and runs the global analysis."""
+
+    def __init__(self, directory: str, job: str | None, host: str | None, settings: config.Settings,
+                 once: bool = False, stream=None, store_address=None):
+        self.settings = settings
+        self.dir = directory
+        self.node = NodeView(directory, job, host)
+        self.reported: set[str] = set()
+        self.findings: list[dict] = []
+        self.stream = stream or sys.stderr
+        self.once = once
+        self.aborted = False
+        self._dumped = False
+        self.store_address = store_address   # (host, port) or None
+        self.link: storelink.StoreLink | None = None
+        self._store_warned = False
+        self._store_next_try = 0.0
+        self._published_at = 0.0
+        self._wanted: set[int] = set()
+        self._connecting: threading.Thread | None = None
+        self.latest: tuple | None = None   # (snapshot, findings, time) of the leader's last round: the dashboard's feed
+        self.dashboard = None              # COLLTRACE_DASHBOARD: its server once started (False: failed)
+
+    @property
+    def leader(self) -> bool:
+        # The host of rank 0 judges the whole job. Another host judges alone only when there is
+        # no store to reach the leader through (none configured, or it failed): while its link is
+        # still connecting it waits, or it would act on half the picture.
+        if 0 in self.node.traces or self.store_address is None:
+            return True
+        return self.link is None and self._store_warned
+
+    # -- the store ----------------------------------------------------------------------------
+    def _link(self) -> storelink.StoreLink | None:
+        """The store link, connected in the background: connecting imports torch (seconds),
+        and this host's ranks are watched from their files meanwhile."""
+        if self.store_address is None or self.link is not None:
+            return self.link
+        if self._connecting is None and time.time() >= self._store_next_try:
+            def connect():
+                try:
+                    self.link = storelink.StoreLink(*self.store_address)
+                except storelink.StoreError as exc:
+                    self._store_down(exc)
+                finally:
+                    self._connecting = None
+
+            self._connecting = threading.Thread(target=connect, name="colltrace-store", daemon=True)
+            self._connecting.start()
+        return None
+
+    def _store_down(self, exc: Exception) -> None:
+        # The ranks never touch the store: losing it costs only the cross-host view. Say so once.
+        self.link = None
+        self._store_next_try = time.time() + STORE_RETRY_S
+        if not self._store_warned:
+            self._store_warned = True
+            self.stream.write(f"colltrace: warning: {exc}; this host's ranks are still watched from their files\n")
+            self.stream.flush()
+
+    def _exchange(self, summary: dict) -> tuple[list[dict], set[int]]:
+        """Publish this node's summary. The leader gets the other nodes' summaries; the others
+        get the ranks whose live stacks the leader wants, and its abort request."""
+        link = self._link()
+        if link is None:
+            return [], set()
+        try:
+            now = time.time()
+            if now - self._published_at >= storelink.PUBLISH_S:
+                link.publish_node({**summary, "ranks": {r: compact_entry(e) for r, e in summary["ranks"].items()}})
+                self._published_at = now
+            if self.leader:
+                return link.node_summaries(skip=link.node_index), set()
+            why = link.hang_reported()
+            if why:
+                self._on_hang(why)
+            return [], link.wanted_stacks()
+        except storelink.StoreError as exc:
+            self._store_down(exc)
+            return [], set()
+
+    def _want(self, wanted: set[int]) -> None:
+        if self.link is not None and wanted != self._wanted:
+            try:
+                self.link.set_wanted_stacks(wanted)
+                self._wanted = wanted
+            except storelink.StoreError as exc:
+                self._store_down(exc)
+
+    # -- output ---------------------------------------------------------------------------
+    def _emit(self, new: list[dict], snap: dict) -> None:
+        with open(os.path.join(self.dir, "findings.jsonl"), "a") as f:
+            for finding in new:
+                f.write(json.dumps(finding, default=str) + "\n")
+        self._write_json("snapshot.json", snap)
+        with open(os.path.join(self.dir, "report.txt"), "w") as f:
+            f.write(render_report(self.findings))
+        for finding in new:
+            text = report_mod.paragraph(finding)
+            classes = report_mod.render_stack_classes(finding)
+            self.stream.write("\n" + text + "\n" + (classes + "\n" if classes else ""))
+        self.stream.write(f"colltrace: details in {self.dir}/report.txt; run: colltrace analyze {self.dir}\n")
+        self.stream.flush()
+        if self.link is not None:
+            try:
+                self.link.publish_findings(self.findings)
+            except storelink.StoreError as exc:
+                self._store_down(exc)
+
+    def _write_json(self, name: str, obj) -> None:
+        tmp = os.path.join(self.dir, f".{name}.tmp")
+        with open(tmp, "w") as f:
+            json.dump(obj, f, default=str)
+        os.replace(tmp, os.path.join(self.dir, name))
+
+    def _dump_all_stacks(self) -> None:
+        for rank, pid in self.node.pids().items():
+            threads = stacks.dump(pid, native=True)
+            with open(os.path.join(self.dir, f"rank-{rank:05d}.stacks.txt"), "w") as f:
+                f.write(stacks.format_text(threads))
+
+    def _on_hang(self, why: str) -> None:
+        """COLLTRACE_ON_HANG on this host's ranks, once: dump their stacks; abort: end them too."""
+        if self.settings.on_hang in ("dump", "abort") and not self._dumped:
+            self._dumped = True
+            self._dump_all_stacks()
+        if self.settings.on_hang == "abort" and not self.aborted:
+            self._abort(why)
+
+    def _abort(self, why: str) -> None:
+        self.aborted = True
+        pids = self.node.pids()
+        self.stream.write(f"colltrace: COLLTRACE_ON_HANG=abort ({why}): ending ranks {report_mod.format_ranks(sorted(pids))}\n")
+        self.stream.flush()
+        for pid in pids.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    # -- one round --------------------------------------------------------------------------
+    def step(self) -> list[dict]:
+        self.node.poll()
+        now = time.time()
+        summary = self.node.summary()
+        others, wanted = self._exchange(summary)
+        snap = merge([summary] + others, now)
+        if self.leader:
+            wanted = suspects(snap, now)
+            self._want(wanted)
+        local = {r for r in wanted if r in self.node.traces}
+        if local:
+            self.node.refresh_stacks(local)
+            summary = self.node.summary()
+            snap = merge([summary] + others, now)
+        if not self.leader:
+            return []
+        if self.aborted:   # after our own abort, ranks failing or vanishing are its doing, not findings
+            self.latest = (snap, list(self.findings), now)
+            return []
+        findings = analyze(snap, stall_s=self.settings.stall_s, now=now)
+        self.latest = (snap, findings, now)
+        if self.settings.dashboard and self.dashboard is None and (self.store_address is None or 0 in self.node.traces):
+            self.dashboard = False   # on the host of rank 0 only, once; its imports take a second: off this loop
+            threading.Thread(target=self.start_dashboard, name="colltrace-dashboard-start", daemon=True).start()
+        new = [f for f in findings if f.get("key") not in self.reported]
+        if new:
+            for f in new:
+                self.reported.add(f.get("key"))
+            self.findings.extend(new)
+            self._emit(new, snap)
+            hangs = [f for f in new if f.get("kind") in HANG_KINDS]   # duplicate data is no hang
+            if hangs:
+                why = hangs[0].get("kind", "hang")
+                if self.link is not None:   # the other hosts act on it too
+                    try:
+                        self.link.report_hang(why)
+                    except storelink.StoreError as exc:
+                        self._store_down(exc)
+                self._on_hang(why)
+        return new
+
+    def start_dashboard(self) -> None:
+        """Serve the live dashboard from a thread of this process (colltrace_dashboard, an optional
+        extra). Whatever goes wrong costs one warning, never the watchdog or the job."""
+        self.dashboard = False
+        try:
+            from colltrace_dashboard.server import start_for_watchdog
+
+            self.dashboard = start_for_watchdog(self)
+            return
+        except ImportError:
+            why = "it needs: pip install 'colltrace[dashboard]'"
+        except Exception as exc:
+            why = str(exc) or repr(exc)
+        self.stream.write(f"colltrace: warning: no dashboard: {why}\n")
+        self.stream.flush()
+
+    def _final(self) -> None:
+        try:
+            self.step()
+        except Exception:
+            pass
+        if self.node.traces:
+            self._write_json("snapshot.json", merge([self.node.summary()], time.time()))
+
+    def run(self, idle_exit_s: float = 600.0, stop=None) -> int:
+        """stop: a threading.Event set by an embedding launcher (`colltrace run`) once its job ended."""
+        _yield_cpu()
+        period = self.settings.poll_s
+        while True:
+            if stop is not None and stop.is_set():
+                self._final()
+                break
+            try:
+                self.step()
+            except Exception as exc:  # keep watching: a bad round must not end the watchdog
+                self.stream.write(f"colltrace: watchdog error (continuing): {exc!r}\n")
+            if self.once:
+                break
+            if self.node.all_gone():
+                time.sleep(period)
+                self.node.poll()
+                if self.node.all_gone():
+                    self._final()
+                    break
+            elif not self.node.traces and time.time() - self.node.first_seen > idle_exit_s:
+                break
+            time.sleep(period)
+        return 1 if self.findings else 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m colltrace.watchdog")
+    p.add_argument("--dir", required=True)
+    p.add_argument("--job")
+    p.add_argument("--host")
+    p.add_argument("--spawned-by", type=int)
+    p.add_argument("--once", action="store_true")
+    args = p.parse_args(argv)
+    settings = config.load()
+    os.makedirs(args.dir, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+    try:
+        address = storelink.address_from_env()
+    except storelink.StoreError as exc:
+        sys.stderr.write(f"colltrace: warning: COLLTRACE_STORE: {exc}; watching without the store\n")
+        address = None
+    return Watchdog(args.dir, args.job, args.host, settings, once=args.once, store_address=address).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""The page's model, built from one Reading: findings as the CLI's paragraphs and stack classes,
+ranks as classes with rank ranges, each group's members by how far they got, and recent
+collectives per class of ranks.
+
+Plain data, served as JSON at /api/view and rendered by the template and by the page's script.
+Its size grows with the number of distinct behaviours in the job, not with its number of ranks:
+1,024 ranks waiting in the same collective are one row.
+"""
+from __future__ import annotations
+
+import time
+
+from colltrace.analysis import report
+from colltrace.analysis.report import format_ranks, short_ranks, user_location
+
+MAX_RANK_CLASSES = 40      # rows of the rank view; the rest are counted
+MAX_GROUPS = 24            # groups listed; groups beyond that whose members are in step are counted
+MAX_TIMELINE_ROWS = 16
+TIMELINE_RECORDS = 12      # recent collectives per timeline row
+PENDING = ("waiting", "in_flight")
+GONE = ("dead", "exited")
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return short_ranks(ranks) if len(ranks) > 1 else format_ranks(ranks)
+
+
+def _num(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _span(values: list[float]) -> list[float] | None:
+    """[min, max] of the values present, rounded for display."""
+    vs = [v for v in values if v is not None]
+    return [round(min(vs), 3), round(max(vs), 3)] if vs else None
+
+
+def _int_ranks(table: dict) -> list[tuple[int, dict]]:
+    out = []
+    for key, entry in (table or {}).items():
+        try:
+            out.append((int(key), entry if isinstance(entry, dict) else {}))
+        except (TypeError, ValueError):
+            continue
+    return sorted(out, key=lambda x: x[0])
+
+
+# -- findings -----------------------------------------------------------------------------------
+def _stack_classes(finding: dict) -> tuple[list[dict], str | None]:
+    """report.render_stack_classes (the CLI's text) as rows: [{"ranks", "stack"}], and its
+    "… N more classes" line."""
+    rows, more = [], None
+    text = report.render_stack_classes(finding)
+    for line in text.splitlines()[1:]:
+        line = line.strip()
+        if line.startswith("…"):
+            more = line.lstrip("… ").strip()
+            continue
+        head, sep, label = line.partition(":")
+        if sep:
+            rows.append({"ranks": head.strip(), "stack": label.strip()})
+    return rows, more
+
+
+def finding_view(finding: dict) -> dict:
+    try:
+        text = report.paragraph(finding)
+    except Exception:  # a finding written by another version: its own summary still says it
+        text = str(finding.get("summary") or finding.get("kind") or "finding")
+    try:
+        stacks, more = _stack_classes(finding)
+    except Exception:
+        stacks, more = [], None
+    group = finding.get("group") if isinstance(finding.get("group"), dict) else {}
+    missing = finding.get("missing_ranks") if isinstance(finding.get("missing_ranks"), list) else []
+    return {"kind": str(finding.get("kind") or "finding"), "key": str(finding.get("key") or text[:80]),
+            "detected_at": _num(finding.get("detected_at")), "group": group.get("name"), "seq": finding.get("seq"),
+            "missing_ranks": format_ranks(missing) if all(isinstance(r, int) for r in missing) else "",
+            "paragraph": text, "stacks": stacks, "more_stacks": more}
+
+
+# -- ranks ----------------------------------------------------------------------------------------
+def rank_state(entry: dict, now: float) -> dict:
+    """One rank as the rank view shows it: its process status, its current collective (the
+    blocking one it waits in, else the newest one in flight), where, and for how long."""
+    status = str(entry.get("status") or "unknown")
+    records = [r for r in entry.get("records") or [] if isinstance(r, dict)]
+    pending = [r for r in records if r.get("state") in PENDING]
+    current = next((r for r in reversed(pending) if r.get("state") == "waiting"), None) or (pending[-1] if pending else None)
+    heartbeat = _num(entry.get("heartbeat"))
+    out = {"status": status, "state": "idle", "op": None, "group": None, "seq": None, "peer": None,
+           "where": None, "waiting_s": None, "heartbeat_age_s": None}
+    if status not in GONE and status != "unreadable" and heartbeat:
+        out["heartbeat_age_s"] = max(0.0, now - heartbeat)
+    if current is not None:
+        out.update(state=current.get("state"), op=current.get("op"), group=current.get("group"),
+                   seq=current.get("seq"), peer=current.get("peer") if current.get("p2p") else None,
+                   where=user_location(current.get("frames")))
+        entered = _num(current.get("entered_at"))
+        if entered is not None and status not in GONE:
+            out["waiting_s"] = max(0.0, now - entered)
+    elif entry.get("stack"):
+        out["where"] = user_location(entry.get("stack"))   # live stack: where a rank in no collective is
+    if status == "unreadable":
+        out["where"] = str(entry.get("error") or "unreadable")
+    return out
+
+
+def rank_view(snap: dict, now: float) -> dict:
+    status: dict[str, int] = {}
+    state: dict[str, int] = {}
+    classes: dict[tuple, dict] = {}
+    ranks = _int_ranks(snap.get("ranks"))
+    for rank, entry in ranks:
+        s = rank_state(entry, now)
+        status[s["status"]] = status.get(s["status"], 0) + 1
+        state[s["state"]] = state.get(s["state"], 0) + 1
+        # Ranks blocked in the same collective form one class; others are classed by what they
+        # run and where, whatever their group and number (their ranges are shown instead).
+        key = (s["status"], s["state"], s["op"], s["where"])
+        if s["state"] == "waiting":
+            key += (s["group"], s["seq"], s["peer"])
+        c = classes.get(key)
+        if c is None:
+            c = classes[key] = {"sample": s, "ranks": [], "groups": set(), "seqs": [], "waiting": [], "heartbeat": []}
+        c["ranks"].append(rank)
+        if s["group"] is not None:
+            c["groups"].add(str(s["group"]))
+        if isinstance(s["seq"], int):
+            c["seqs"].append(s["seq"])
+        c["waiting"].append(s["waiting_s"])
+        c["heartbeat"].append(s["heartbeat_age_s"])
+    rows = []
+    for c in sorted(classes.values(), key=lambda c: c["ranks"][0]):
+        s = c["sample"]
+        groups = sorted(c["groups"])
+        seqs = sorted(set(c["seqs"]))
+        rows.append({
+            "ranks": _ranks_text(c["ranks"]), "count": len(c["ranks"]), "first": c["ranks"][0],
+            "status": s["status"], "alive": {"alive": True, "dead": False, "exited": False}.get(s["status"]),
+            "state": s["state"], "op": s["op"],
+            "group": groups[0] if len(groups) == 1 else (f"{len(groups)} groups" if groups else None),
+            "seq": (str(seqs[0]) if len(seqs) == 1 else f"{seqs[0]}–{seqs[-1]}") if seqs else None,
+            "peer": s["peer"], "where": s["where"],
+            "waiting_s": _span(c["waiting"]), "heartbeat_age_s": _span(c["heartbeat"]),
+        })
+    shown = rows[:MAX_RANK_CLASSES]
+    hidden = rows[MAX_RANK_CLASSES:]
+    summary = (f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''} · processes: "
+               + ", ".join(f"{n} {k}" for k, n in sorted(status.items()))
+               + " · collectives: " + ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in sorted(state.items())))
+    return {"total": len(ranks), "status": status, "state": state, "summary": summary if ranks else "no rank yet",
+            "classes": shown,
+            "more": {"classes": len(hidden), "ranks": sum(r["count"] for r in hidden)} if hidden else None}
+
+
+# -- groups -------------------------------------------------------------------------------------
+def group_view(snap: dict) -> dict:
+    """Per group, its members classed by the last collective number they entered and completed:
+    the laggard is the class behind the others."""
+    table = snap.get("ranks") or {}
+    rows = []
+    for name, g in sorted((snap.get("groups") or {}).items(), key=lambda kv: _natural(str(kv[0]))):
+        if not isinstance(g, dict):
+            continue
+        members = sorted({m for m in g.get("ranks") or [] if isinstance(m, int)})
+        classes: dict[tuple, list[int]] = {}
+        for m in members:
+            e = table.get(str(m))
+            if not isinstance(e, dict):
+                key = (None, None, "no trace")
+            else:
+                p = (e.get("progress") or {}).get(str(name)) or {}
+                status = e.get("status")
+                key = (int(p.get("entered") or 0), int(p.get("completed") or 0),
+                       status if status in GONE or status == "unreadable" else None)
+            classes.setdefault(key, []).append(m)
+        entered = [k[0] for k in classes if k[0] is not None]
+        top = max(entered, default=0)
+        top_done = max((k[1] for k in classes if k[1] is not None), default=0)
+        member_rows = []
+        for (ent, done, note), rs in sorted(classes.items(), key=lambda kv: kv[1][0]):
+            member_rows.append({"ranks": _ranks_text(rs), "count": len(rs), "entered": ent, "completed": done,
+                                "behind": (top - ent) if ent is not None else None, "note": note})
+        in_step = len(classes) == 1 and not any(k[2] for k in classes)
+        rows.append({"name": str(name), "desc": str(g.get("desc") or ""), "size": len(members),
+                     "ranks": _ranks_text(members), "entered": top, "completed": top_done,
+                     "in_step": in_step, "members": member_rows})
+    # Groups with a laggard first (most behind, then largest), then the rest in name order.
+    rows.sort(key=lambda r: (True, 0, 0) if r["in_step"] else
+              (False, -max((m["behind"] or 0 for m in r["members"]), default=0), -r["size"]))
+    shown = [r for r in rows if not r["in_step"]][:MAX_GROUPS]
+    room = max(0, MAX_GROUPS - len(shown))
+    in_step = [r for r in rows if r["in_step"]]
+    shown += in_step[:room]
+    return {"rows": shown, "total": len(rows),
+            "hidden": {"groups": len(rows) - len(shown),
+                       "in_step": len(in_step) - len(in_step[:room])} if len(rows) > len(shown) else None}
+
+
+def _natural(s: str):
+    return (0, int(s), "") if s.isdigit() else (1, 0, s)
+
+
+# -- timeline ---------------------------------------------------------------------------------------
+def _event(r: dict, now: float, alive: bool) -> dict:
+    entered = _num(r.get("entered_at"))
+    done = _num(r.get("completed_at"))
+    out = {"op": str(r.get("op") or "?"), "group": r.get("group"), "seq": r.get("seq"), "seq_end": r.get("seq_end"),
+           "state": str(r.get("state") or "?"), "p2p": bool(r.get("p2p")), "peer": r.get("peer"),
+           "count": r.get("count") or 1, "entered_at": entered, "duration_s": None, "waiting_s": None,
+           "where": user_location(r.get("frames"))}
+    if entered is not None and done is not None:
+        out["duration_s"] = max(0.0, done - entered)
+    elif entered is not None and r.get("state") in PENDING and alive:
+        out["waiting_s"] = max(0.0, now - entered)
+    return out
+
+
+def timeline_view(snap: dict, now: float) -> dict:
+    """The last collectives of each rank, ranks with the same sequence of collectives in one row."""
+    rows: dict[tuple, dict] = {}
+    for rank, entry in _int_ranks(snap.get("ranks")):
+        recs = [r for r in entry.get("records") or [] if isinstance(r, dict)][-TIMELINE_RECORDS:]
+        sig = tuple((r.get("op"), r.get("group"), r.get("seq"), r.get("state")) for r in recs)
+        row = rows.get(sig)
+        if row is None:
+            alive = entry.get("status") not in GONE
+            rows[sig] = {"ranks": [rank], "events": [_event(r, now, alive) for r in recs]}
+        else:
+            row["ranks"].append(rank)
+    ordered = sorted(rows.values(), key=lambda r: r["ranks"][0])
+    out = [{"ranks": _ranks_text(r["ranks"]), "count": len(r["ranks"]), "events": r["events"]}
+           for r in ordered[:MAX_TIMELINE_ROWS]]
+    hidden = ordered[MAX_TIMELINE_ROWS:]
+    return {"rows": out, "more": {"rows": len(hidden), "ranks": sum(len(r["ranks"]) for r in hidden)} if hidden else None}
+
+
+# -- the page -----------------------------------------------------------------------------------------
+def build(reading, source) -> dict:
+    snap, now = reading.snap, reading.now
+    findings = [finding_view(f) for f in reading.findings]
+    current = {f.get("key") for f in reading.findings}
+    earlier = [finding_view(f) for f in reading.reported if isinstance(f, dict) and f.get("key") not in current]
+    n = len(findings)
+    ranks = rank_view(snap, now)
+    if n:
+        headline = f"{n} problem{'s' if n != 1 else ''} found"
+    elif reading.mode == "live":
+        headline = f"No problem found so far ({ranks['total']} rank{'s' if ranks['total'] != 1 else ''} watched)"
+    else:
+        headline = "No problem found in this trace"
+    return {
+        "source": {"kind": source.kind, "label": source.label},
+        "mode": reading.mode, "taken_at": now, "generated_at": time.time(), "note": reading.note,
+        "verdict": {"problems": n, "headline": headline},
+        "findings": findings, "earlier": earlier,
+        "ranks": ranks, "groups": group_view(snap), "timeline": timeline_view(snap, now),
+    }

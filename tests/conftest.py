@@ -1,0 +1,202 @@
+"""Shared fixtures: start real gloo ranks as subprocesses, bounded in time, none left behind.
+
+Ranks are started the way torchrun starts them (the parent hosts the job's TCPStore and every
+rank connects as a client), which needs no free-port guessing and starts in about a second;
+the end-to-end tests that need torchrun itself use `torchrun_job`.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+JOBS = os.path.join(HERE, "integration", "jobs")
+
+
+@dataclass
+class Job:
+    procs: list
+    dir: str
+    store: object = None
+    outputs: dict = field(default_factory=dict)
+
+    def wait(self, timeout: float) -> list[int]:
+        deadline = time.time() + timeout
+        codes = []
+        for rank, p in enumerate(self.procs):
+            try:
+                out, err = p.communicate(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                self.kill()
+                out, err = p.communicate()
+                self.outputs[rank] = (out, err)
+                raise AssertionError(f"rank {rank} still running after {timeout} s; stderr:\n{err[-3000:]}")
+            self.outputs[rank] = (out, err)
+            codes.append(p.returncode)
+        return codes
+
+    def stderr(self, rank: int) -> str:
+        return self.outputs.get(rank, ("", ""))[1]
+
+    def stdout(self, rank: int) -> str:
+        return self.outputs.get(rank, ("", ""))[0]
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+
+def _kill_watchdogs(directory: str) -> None:
+    """Watchdogs run in their own session: end any still running for this folder."""
+    import psutil
+
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info.get("cmdline") or []
+        if "colltrace.watchdog" in cmd and directory in cmd:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+
+
+def _job_starter(tmp_path):
+    """start(script, nprocs, env=..., args=...) -> Job, and a cleanup that kills them all."""
+    from torch.distributed import TCPStore
+
+    jobs = []
+
+    def start(script: str, nprocs: int = 2, env: dict | None = None, args=(), traced: bool = True, directory=None,
+              rank_env=None) -> Job:
+        """rank_env(rank) -> extra variables for that rank (e.g. another host name and folder).
+        "{store}" in a value stands for the job's store address (for COLLTRACE_STORE)."""
+        store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        d = str(directory or tmp_path / f"trace{len(jobs)}")
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("COLLTRACE", "TORCH_DISTRIBUTED_DEBUG"))}
+        base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), WORLD_SIZE=str(nprocs),
+                    LOCAL_WORLD_SIZE=str(nprocs), TORCHELASTIC_USE_AGENT_STORE="True",
+                    TORCHELASTIC_RUN_ID=f"test-{os.getpid()}-{time.time_ns()}", OMP_NUM_THREADS="1",
+                    PYTHONUNBUFFERED="1")
+        if traced:
+            base.update(COLLTRACE="1", COLLTRACE_DIR=d)
+        base.update(env or {})
+        base = {k: v.replace("{store}", f"127.0.0.1:{store.port}") for k, v in base.items()}   # the job's store
+        path = script if os.path.isabs(script) else os.path.join(JOBS, script)
+        procs = [subprocess.Popen([sys.executable, path, *map(str, args)],
+                                  env=dict(base, RANK=str(r), LOCAL_RANK=str(r), **(rank_env(r) if rank_env else {})),
+                                  stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, start_new_session=True)
+                 for r in range(nprocs)]
+        job = Job(procs, d, store)
+        jobs.append(job)
+        return job
+
+    def cleanup():
+        for job in jobs:
+            job.kill()
+            for p in job.procs:
+                try:
+                    p.communicate(timeout=10)
+                except Exception:
+                    pass
+            _kill_watchdogs(job.dir)
+
+    return start, cleanup
+
+
+@pytest.fixture
+def gloo_job(tmp_path):
+    start, cleanup = _job_starter(tmp_path)
+    yield start
+    cleanup()
+
+
+@pytest.fixture(scope="module")
+def module_gloo_job(tmp_path_factory):
+    """gloo_job for a job shared by the tests of one module."""
+    start, cleanup = _job_starter(tmp_path_factory.mktemp("job"))
+    yield start
+    cleanup()
+
+
+@dataclass
+class TorchrunJob:
+    proc: subprocess.Popen
+    dir: str
+    started: float
+    out: str = ""
+    err: str = ""
+
+    def wait(self, timeout: float) -> int:
+        try:
+            self.out, self.err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_tree(self.proc.pid)
+            self.out, self.err = self.proc.communicate()
+            raise AssertionError(f"torchrun still running after {timeout} s; stderr:\n{self.err[-4000:]}")
+        return self.proc.returncode
+
+    def findings(self) -> list[dict]:
+        import json
+
+        path = os.path.join(self.dir, "findings.jsonl")
+        if not os.path.exists(path):
+            return []
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+
+def _kill_tree(pid: int) -> None:
+    import psutil
+
+    try:
+        parent = psutil.Process(pid)
+        procs = parent.children(recursive=True) + [parent]
+    except psutil.Error:
+        return
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+@pytest.fixture
+def torchrun_job(tmp_path):
+    """start(script, nprocs, args=..., env=...) -> TorchrunJob: `COLLTRACE=1 torchrun --standalone ...`."""
+    jobs = []
+
+    def start(script: str, nprocs: int = 4, args=(), env: dict | None = None, traced: bool = True) -> TorchrunJob:
+        d = str(tmp_path / f"trace{len(jobs)}")
+        e = {k: v for k, v in os.environ.items() if not k.startswith(("COLLTRACE", "TORCH_DISTRIBUTED_DEBUG"))}
+        e.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        if traced:
+            e.update(COLLTRACE="1", COLLTRACE_DIR=d)
+        e.update(env or {})
+        path = script if os.path.isabs(script) else os.path.join(JOBS, script)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}",
+               path, *map(str, args)]
+        proc = subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        job = TorchrunJob(proc, d, time.time())
+        jobs.append(job)
+        return job
+
+    yield start
+    for job in jobs:
+        if job.proc.poll() is None:
+            _kill_tree(job.proc.pid)
+            try:
+                job.proc.communicate(timeout=10)
+            except Exception:
+                pass
+        _kill_watchdogs(job.dir)

@@ -1,0 +1,49 @@
+"""A record written before the collective is entered survives the rank dying inside it."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from colltrace import trace
+from test_tracing import markers, user_line
+
+
+def wait_for(pred, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def entered(job, rank):
+    p = job.procs[rank]
+    line = p.stdout.readline() if p.poll() is None else ""
+    return "ENTERING" in line
+
+
+@pytest.mark.parametrize("how", ["sigkill", "segv"])
+def test_record_of_the_collective_a_rank_died_in_is_readable(gloo_job, how):
+    job = gloo_job("die_in_collective.py", 2, args=[how], env={"COLLTRACE_WATCHDOG": "off"})
+    wait_for(lambda: entered(job, 1), 60, "rank 1 to enter the barrier")
+    if how == "sigkill":
+        time.sleep(0.3)
+        os.kill(job.procs[1].pid, signal.SIGKILL)
+    job.procs[1].wait(timeout=30)
+    assert job.procs[1].returncode == (-signal.SIGKILL if how == "sigkill" else -signal.SIGSEGV)
+    job.kill()  # rank 0 would wait for the 30-minute gloo timeout
+
+    snap = trace.load_snapshot(job.dir)
+    rank1 = snap["ranks"]["1"]
+    last = rank1["records"][-1]
+    assert last["op"] == "barrier" and last["state"] == "waiting" and last["seq"] == 2
+    assert user_line(last, "die_in_collective.py") == markers("die_in_collective.py")["doomed_barrier"]
+    if how == "segv":
+        # faulthandler wrote every thread's stack and the signal into the rank's folder
+        assert rank1["status"] == "dead" and rank1["exit"]["signal"] == "SIGSEGV"
+        fault = open(os.path.join(job.dir, "rank-00001.fault.txt")).read()
+        assert "Segmentation fault" in fault and "die_in_collective.py" in fault

@@ -1,0 +1,66 @@
+"""Groups made through DeviceMesh and new_subgroups, FSDP2's collectives and torch.compile."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from colltrace import trace
+from test_tracing import markers, user_line
+
+
+@pytest.fixture(scope="module")
+def groups_job(module_gloo_job):
+    job = module_gloo_job("groups_and_fsdp.py", 4, env={"COLLTRACE_WATCHDOG": "off"})
+    assert job.wait(240) == [0] * 4, job.stderr(0)[-3000:]
+    return job
+
+
+def reported(job, rank):
+    line = [l for l in job.stdout(rank).splitlines() if l.startswith("COUNTS ")][-1]
+    return json.loads(line[len("COUNTS "):])
+
+
+def test_each_group_has_one_name_and_its_global_ranks_on_every_member(groups_job):
+    traces = trace.load_traces(groups_job.dir)
+    seen = {}  # group name -> set of (ranks) as each member recorded it
+    for tr in traces:
+        truth = reported(groups_job, tr.rank)
+        for key in ("dp", "tp", "sub", "world"):
+            name = truth["names"][key]
+            g = next(g for g in tr.groups.values() if g["name"] == name)
+            assert g["ranks"] == truth["groups"][key]["ranks"], (tr.rank, key)
+            seen.setdefault(name, set()).add(tuple(g["ranks"]))
+    assert all(len(v) == 1 for v in seen.values()), seen
+    assert len(seen) == 1 + 2 + 2 + 2   # world, two dp groups, two tp groups, two subgroups
+
+
+def test_mesh_and_subgroup_collectives_land_on_their_group(groups_job):
+    lines = markers("groups_and_fsdp.py")
+    for tr in trace.load_traces(groups_job.dir):
+        truth = reported(groups_job, tr.rank)["names"]
+        got = {user_line(r, "groups_and_fsdp.py"): r for r in tr.all_records()}
+        assert got[lines["mesh_dp"]]["group"] == truth["dp"] and got[lines["mesh_dp"]]["seq"] == 1
+        assert got[lines["mesh_tp"]]["group"] == truth["tp"]
+        assert got[lines["subgroup"]]["group"] == truth["sub"] and got[lines["subgroup"]]["op"] == "barrier"
+
+
+def test_fsdp2_collectives_are_recorded_from_the_training_step(groups_job):
+    lines = markers("groups_and_fsdp.py")
+    recs = trace.load_traces(groups_job.dir)[0].all_records()
+    fsdp = [r for r in recs if r["op"] in ("all_gather_single", "reduce_scatter_single")]
+    assert len([r for r in fsdp if r["op"] == "reduce_scatter_single"]) >= 4  # 2 steps x 2 sharded layers
+    # the user's own line (forward / backward call) is in each stack
+    assert all(user_line(r, "groups_and_fsdp.py") in (lines["fsdp_forward"], lines["fsdp_forward"] + 1) for r in fsdp)
+
+
+def test_torch_compile_runs_and_its_collective_is_counted_not_lost(groups_job):
+    lines = markers("groups_and_fsdp.py")
+    for tr in trace.load_traces(groups_job.dir):
+        truth = reported(groups_job, tr.rank)
+        assert truth["compiled"] == [9.0] * 4        # the compiled function's result is right
+        world = [r for r in tr.all_records() if r["group"] == truth["names"]["world"] and not r["p2p"]]
+        last = world[-1]
+        assert user_line(last, "groups_and_fsdp.py") == lines["after_compile"]
+        assert last["seq_end"] == truth["groups"]["world"]["seq"]   # in step with the backend
+        assert world[-2]["op"] == "untraced" and world[-2]["count"] == 1

@@ -1,0 +1,99 @@
+"""The job's TCPStore as the watchdogs' meeting point, for real: two "hosts" (separate trace
+folders, separate watchdogs) give one verdict; a store that cannot be reached, or dies while
+the job runs, costs one warning and nothing else."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from test_detection import frames_line, loc
+
+pytestmark = pytest.mark.slow
+
+
+def read_findings(directory) -> list[dict]:
+    path = os.path.join(directory, "findings.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def test_two_hosts_one_verdict_through_the_store(gloo_job, tmp_path):
+    """Ranks 0-1 on host "a", ranks 2-3 on host "b", each host with its own folder (no shared
+    file system) and its own watchdog. Host b's ranks reach the leader (host a, which holds rank
+    0) only through the store; the leader names the cross-host deadlock and its abort reaches
+    host b's ranks through the store too."""
+    dirs = {h: str(tmp_path / h) for h in "ab"}
+    job = gloo_job("scenarios.py", 4, args=["deadlock"],
+                   env={"COLLTRACE_ON_HANG": "abort", "COLLTRACE_STALL_S": "60"},
+                   rank_env=lambda r: {"COLLTRACE_HOST": "ab"[r // 2], "COLLTRACE_DIR": dirs["ab"[r // 2]],
+                                       "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": str(r % 2)})
+    codes = job.wait(120)
+    assert all(c != 0 for c in codes), codes           # every rank ended by the abort, none left hanging
+    (f,) = read_findings(dirs["a"])
+    assert f["kind"] == "deadlock" and read_findings(dirs["b"]) == []
+    r = f["ranks"]
+    assert r["2"]["host"] == "b" and r["3"]["host"] == "b" and r["0"]["host"] == "a"
+    assert r["2"]["op"] == "barrier" and r["3"]["op"] == "gather"
+    assert loc("ckpt_barrier") in frames_line(r["2"]) and loc("teacher_gather") in frames_line(r["3"])
+    # host b acted on the leader's verdict: it wrote its ranks' stacks, then ended them
+    for rank in (2, 3):
+        with open(os.path.join(dirs["b"], f"rank-0000{rank}.stacks.txt")) as f:
+            assert "scenarios.py" in f.read()
+
+
+def test_an_unreachable_store_costs_one_warning_and_the_host_is_still_watched(gloo_job, tmp_path, monkeypatch):
+    import io
+    import threading
+
+    from colltrace import config, watchdog
+
+    # The watchdog alone: c10d gives up connecting after about 7 s; retried, it says so once.
+    monkeypatch.setattr(watchdog, "STORE_RETRY_S", 0.1)
+    stream, stop = io.StringIO(), threading.Event()
+    wd = watchdog.Watchdog(str(tmp_path), None, None, config.load({}), stream=stream, store_address=("127.0.0.1", 1))
+    thread = threading.Thread(target=wd.run, kwargs={"stop": stop}, daemon=True)
+    thread.start()
+    deadline = time.time() + 60
+    while time.time() < deadline and wd._store_next_try == 0.0:
+        time.sleep(0.1)
+    first_failure = wd._store_next_try
+    while time.time() < deadline and wd._store_next_try == first_failure:   # a second attempt fails too
+        time.sleep(0.1)
+    stop.set()
+    thread.join(30)
+    lines = [l for l in stream.getvalue().splitlines() if "cannot reach" in l]
+    assert first_failure and len(lines) == 1 and lines[0].startswith("colltrace: warning:"), stream.getvalue()
+    assert "still watched" in lines[0]
+    # In a job: this host's ranks are judged all the same, the deadlock named.
+    job = gloo_job("scenarios.py", 4, args=["deadlock"],
+                   env={"COLLTRACE_ON_HANG": "abort", "COLLTRACE_STORE": "127.0.0.1:1"})
+    assert all(c != 0 for c in job.wait(120))
+    (f,) = read_findings(job.dir)
+    assert f["kind"] == "deadlock"
+    err = "".join(job.stderr(r) for r in range(4))
+    assert err.count("cannot reach") <= 1
+
+
+def test_the_store_dying_mid_run_changes_nothing_for_the_job(gloo_job):
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    env = {"COLLTRACE_STORE": f"127.0.0.1:{store.port}", "STEPS": "150", "SLEEP_S": "0.02"}
+    plain = gloo_job("steady.py", 2, env=env, traced=False)
+    expected = [plain.stdout(r) for r in range(2)] if plain.wait(120) == [0, 0] else None
+    job = gloo_job("steady.py", 2, env=env)
+    deadline = time.time() + 60
+    while time.time() < deadline and not os.path.exists(os.path.join(job.dir, "rank-00001.ring")):
+        time.sleep(0.05)
+    time.sleep(1.0)           # the watchdog has connected and published
+    del store                 # the store's server goes away mid-run
+    assert job.wait(120) == [0, 0]
+    assert [job.stdout(r) for r in range(2)] == expected
+    err = job.stderr(0) + job.stderr(1)
+    assert err.count("colltrace: warning:") <= 1 and "Traceback" not in err, err
+    assert read_findings(job.dir) == []

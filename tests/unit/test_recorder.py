@@ -1,0 +1,105 @@
+"""Completion tracking off the hot path, with fakes standing in for CUDA events and async work
+(no GPU on the CI machines; the NCCL path needs one to be shown for real)."""
+from __future__ import annotations
+
+import time
+
+from colltrace import config, trace
+from colltrace.recorder import Recorder
+
+
+class FakeEvent:
+    """torch.cuda.Event's interface as the recorder uses it: record() after the call, query() later."""
+    instances = []
+
+    def __init__(self):
+        self.ready = False
+        self.recorded = False
+        FakeEvent.instances.append(self)
+
+    def record(self):
+        self.recorded = True
+
+    def query(self):
+        return self.ready
+
+
+class FakeWork:
+    def __init__(self):
+        self.done = False
+
+    def is_completed(self):
+        return self.done
+
+
+class FakeGroup:
+    pass
+
+
+def describe(pg):
+    return "7", "fake", [0, 1], "nccl", None
+
+
+def wait_until(pred, timeout=5.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def state_of(directory, rec_id):
+    tr = trace.load_traces(directory)[0]
+    return next(r for r in tr.all_records() if r["id"] == rec_id)
+
+
+def make(tmp_path):
+    settings = config.load({"COLLTRACE": "1", "COLLTRACE_DIR": str(tmp_path), "COLLTRACE_POLL_S": "0.02"})
+    return Recorder(settings, rank=0, world_size=2, backend="nccl", event_factory=FakeEvent)
+
+
+def test_gpu_collective_completes_when_its_event_is_reached(tmp_path):
+    rec = make(tmp_path)
+    gs = rec.group_state(FakeGroup(), describe)
+    import sys
+
+    sig = rec.sig_id(("all_reduce", "allreduce", gs.id, ((4,),), ("float32",), "SUM", -1, -1, False))
+    ctx = rec.enter(gs, sig, sys._getframe(0), 0)
+    event = rec.cuda_event()
+    rec.exit(ctx, done=False, waitable=event)
+    rec_id = ctx[0]
+    assert event.recorded
+    time.sleep(0.1)
+    r = state_of(str(tmp_path), rec_id)
+    assert r["state"] == "in_flight" and r["returned_at"] and r["completed_at"] is None  # host returned, GPU not done
+    event.ready = True
+    assert wait_until(lambda: state_of(str(tmp_path), rec_id)["state"] == "completed")
+    r = state_of(str(tmp_path), rec_id)
+    assert r["completed_at"] >= r["returned_at"]
+    rec.close()
+
+
+def test_async_work_completes_when_the_work_does(tmp_path):
+    rec = make(tmp_path)
+    gs = rec.group_state(FakeGroup(), describe)
+    import sys
+
+    work = FakeWork()
+    ctx = rec.enter(gs, 0, sys._getframe(0), 1)
+    rec.exit(ctx, done=False, waitable=work)
+    time.sleep(0.1)
+    assert state_of(str(tmp_path), ctx[0])["state"] == "in_flight"
+    work.done = True
+    assert wait_until(lambda: state_of(str(tmp_path), ctx[0])["state"] == "completed")
+    rec.close()
+
+
+def test_internal_error_is_reported_once_and_tracing_steps_aside(tmp_path, capsys):
+    rec = make(tmp_path)
+    rec.internal_error(RuntimeError("boom"))
+    rec.internal_error(RuntimeError("boom again"))
+    err = capsys.readouterr().err
+    assert err.count("colltrace: internal error") == 1 and "the job is unaffected" in err
+    assert rec.disabled
+    rec.close()
