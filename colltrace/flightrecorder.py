@@ -39,6 +39,14 @@ def request(directory: str, rank: int) -> None:
     os.utime(path, None)
 
 
+def answered(directory: str, rank: int) -> bool:
+    """Whether the rank's dump is at least as new as the watchdog's last request."""
+    try:
+        return os.stat(dump_path(directory, rank)).st_mtime_ns >= os.stat(request_path(directory, rank)).st_mtime_ns
+    except OSError:
+        return False
+
+
 class Responder:
     """Rank side: checked from the recorder's poller thread, off the hot path."""
 

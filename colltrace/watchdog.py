@@ -24,6 +24,7 @@ from colltrace.snapshot import compact_entry, merge, suspects
 
 SUMMARY_RECORDS = 64          # recent records per rank sent to the analysis (open ones always)
 STACK_REFRESH_S = 2.0
+FR_WAIT_S = 0.5               # how long a round waits for the Flight Recorder answers it asked for
 STORE_RETRY_S = 5.0
 WATCHDOG_NICE = 10            # scheduling priority of the watchdog's threads (0 = the ranks')
 
@@ -142,6 +143,15 @@ class NodeView:
             frames = threads.get("_main")
             if frames is not None:
                 self.live_stacks[rank] = (now, frames)
+        # Judge on every asked rank's answer, not on whichever came first: a finding made from
+        # half the answers would name half the ranks. A rank that cannot answer (hung with the
+        # GIL held, dead) costs at most FR_WAIT_S.
+        deadline = time.monotonic() + FR_WAIT_S
+        pending = [rank for rank, _ in due]
+        while pending and time.monotonic() < deadline:
+            pending = [r for r in pending if not flightrecorder.answered(self.dir, r) and not _process_gone(self.traces[r].meta.get("pid"))]
+            if pending:
+                time.sleep(0.02)
 
     def pids(self) -> dict[int, int]:
         return {r: tr.meta.get("pid") for r, tr in self.traces.items() if tr.meta.get("pid") and r not in self.died_at}

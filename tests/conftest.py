@@ -92,7 +92,7 @@ def _job_starter(tmp_path):
         base = {k: v.replace("{store}", f"127.0.0.1:{store.port}") for k, v in base.items()}   # the job's store
         path = script if os.path.isabs(script) else os.path.join(JOBS, script)
         procs = [subprocess.Popen([sys.executable, path, *map(str, args)],
-                                  env=dict(base, RANK=str(r), LOCAL_RANK=str(r), **(rank_env(r) if rank_env else {})),
+                                  env={**base, "RANK": str(r), "LOCAL_RANK": str(r), **(rank_env(r) if rank_env else {})},
                                   stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
                  for r in range(nprocs)]

@@ -25,6 +25,7 @@ SCENARIOS = textwrap.dedent("""
     def test_mismatch(rank):
         x = torch.ones(4)
         if rank == 3:
+            time.sleep(1)  # arrives last, so the verdict sees ranks 0-2 already waiting
             dist.all_gather([torch.empty(4) for _ in range(4)], x)  # odd_op
         else:
             dist.all_reduce(x)  # common_op
