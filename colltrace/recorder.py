@@ -143,25 +143,30 @@ class Recorder:
     # ---- interning -------------------------------------------------------------------
     def stack_id(self, frame) -> int:
         # Keyed by instruction offset, not line: f_lasti is a plain field, f_lineno decodes the
-        # line table on every read (2-3x the cost of the walk). Lines are worked out once per stack.
+        # line table on every read (2-3x the cost of the walk). Keyed by id(code), not the code:
+        # hashing a code object rehashes its constants on every call. Safe because every code
+        # in a stored key stays referenced by self._codes, so its id cannot be reused.
         key = []
         append = key.append
         depth = self._depth
-        while frame is not None and depth:
-            append(frame.f_code)
-            append(frame.f_lasti)
-            frame = frame.f_back
+        f = frame
+        while f is not None and depth:
+            append(id(f.f_code))
+            append(f.f_lasti)
+            f = f.f_back
             depth -= 1
         key = tuple(key)
         sid = self._stacks.get(key)
         if sid is None:
-            sid = self._new_stack(key)
+            sid = self._new_stack(key, frame)
         return sid
 
-    def _new_stack(self, key) -> int:
+    def _new_stack(self, key, frame) -> int:
         frames = []
-        for code, lasti in zip(key[::2], key[1::2]):
-            line = _line_of(code, lasti)
+        depth = self._depth
+        while frame is not None and depth:
+            code = frame.f_code
+            line = _line_of(code, frame.f_lasti)
             cid = self._codes.get(code)
             if cid is None:
                 cid = len(self._codes) + 1
@@ -169,6 +174,8 @@ class Recorder:
                     return 0
                 self._codes[code] = cid
             frames.append((cid, line))
+            frame = frame.f_back
+            depth -= 1
         sid = len(self._stacks) + 1
         if not self.defs.write({"k": "stack", "id": sid, "frames": frames}):  # innermost first
             return 0

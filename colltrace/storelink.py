@@ -121,6 +121,7 @@ class StoreLink:
                 self._store.set(key, data)
                 self._data = data
             self._store.set(key + "/beat", beat)
+            self._applied(key + "/beat")
         except Exception as exc:
             raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None
 
@@ -213,8 +214,14 @@ class StoreLink:
     def _set(self, key: str, value: bytes) -> None:
         try:
             self._store.set(key, value)
+            self._applied(key)
         except Exception as exc:
             raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None
+
+    def _applied(self, key: str) -> None:
+        """c10d's set() returns before the server has applied it (another client can still miss
+        it); a request that is answered, on the same connection, returns only after it."""
+        self._store.check([key])
 
 
 def _with_beat(summary: dict, beat) -> dict:

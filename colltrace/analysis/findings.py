@@ -13,6 +13,7 @@ from colltrace.analysis.snapshot import PENDING, Rec, RankView, Snapshot, to_int
 from colltrace.analysis.waitgraph import Key, WaitGraph, coll_name
 
 MAX_ALSO_MISSING = 64   # other absent members described in a dead_rank finding (all are listed)
+MISMATCH_SETTLE_S = 0.3  # a mismatch waits this long after the last arrival for members still coming
 ROUTINE_SAMPLE = 8      # waiters per key sampled to tell routine calls from odd ones
 ROUTINE_WINDOW = 64     # recent records per rank searched for the same call
 PRIORITY = {"mismatch": 0, "dead_rank": 1, "deadlock": 2, "stall": 3, "unmatched_p2p": 3, "duplicate_data": 5}
@@ -46,7 +47,8 @@ class Verdicts:
         deadlocks, dead_causes, stall_roots = self._decide()
         made: list[tuple[dict, list[int], set[int]]] = []   # (finding, its graph nodes, its own ranks)
         for mm in mismatches.values():
-            made.append(self._mismatch(mm))
+            if self._settled(mm):   # unsettled ones still keep their key out of deadlocks and stalls
+                made.append(self._mismatch(mm))
         dead = set(dead_causes)
         for rank, view in self.snap.ranks.items():
             if view.alone and rank not in dead:
@@ -99,6 +101,20 @@ class Verdicts:
             if mm is not None:
                 out[coll_name(group, seq)] = mm
         return out
+
+    def _settled(self, mm: Mismatch) -> bool:
+        """A mismatch is certain once two ranks disagree, but members still arriving a moment
+        later belong in the same finding: wait MISMATCH_SETTLE_S after the last arrival unless
+        every member is in."""
+        if not mm.not_entered:
+            return True
+        times = []
+        for raw in mm.records.values():
+            try:
+                times.append(float(raw.get("entered_at") or 0.0))
+            except (AttributeError, TypeError, ValueError):
+                continue
+        return not times or self.now - max(times) >= MISMATCH_SETTLE_S
 
     def _decide(self):
         """One pass over the components, sinks first: a cycle is a deadlock; a dead rank someone

@@ -25,6 +25,22 @@ HARD_EXIT_AFTER_S = 10.0    # after interrupting the main thread: time before th
 INTERRUPT_SIGNAL = signal.SIGUSR2
 
 
+# A test may fork its ranks (mp.start_processes(start_method="fork")) while the guard thread is
+# in the middle of an import or holds some other lock: the child would inherit that lock held by
+# a thread it does not have, and hang in its first import (seen: colltrace.recorder's). Forks
+# wait for the guard thread to finish its round instead: it holds this lock for each round.
+_round_lock = threading.RLock()
+_fork_hooked = False
+
+
+def _hold_forks_during_rounds() -> None:
+    global _fork_hooked
+    if not _fork_hooked and hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=_round_lock.acquire, after_in_parent=_round_lock.release,
+                            after_in_child=_round_lock.release)
+        _fork_hooked = True
+
+
 class HangInterrupt(BaseException):
     """Raised in the main thread when the test did not return after its ranks were ended.
     A BaseException, so that the test's own `except Exception` does not swallow it."""
@@ -71,6 +87,7 @@ class TestGuard:
         self._launchers: dict[int, float] = {}           # pid -> create time: parents of ranks we started
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._wd = None
         self._saved_env: dict = {}
         self._finder = None
         self._installed_here = False
@@ -95,6 +112,7 @@ class TestGuard:
             # the signal on to whatever handled it before.
             self._prev_handler = signal.signal(INTERRUPT_SIGNAL, self._on_interrupt)
             self._handler_set = True
+        _hold_forks_during_rounds()
         self._thread = threading.Thread(target=self._loop, name="colltrace-guard", daemon=True)
         self._thread.start()
 
@@ -144,6 +162,40 @@ class TestGuard:
 
     # -- the watchdog thread ------------------------------------------------------------------
     def _loop(self) -> None:
+        while True:
+            with _round_lock:
+                if self._round():
+                    return
+            self._stop.wait(self.poll_s)
+
+    def _round(self) -> bool:
+        """One round of the guard thread (forks wait for it); True when the thread is done."""
+        if self._wd is None:
+            self._wd = self._start_watchdog()
+            if self._wd is None:
+                return True
+        wd = self._wd
+        final = self._stop.is_set()
+        if self.aborted_at is None:
+            # Judged until the first finding only: what follows the abort (the ranks it ended
+            # "vanished") is its consequence, not news.
+            try:
+                new = wd.step()
+            except Exception as exc:
+                self.log.write(f"colltrace: watchdog error (continuing): {exc!r}\n")
+                new = []
+            self._remember(wd)
+            if new:
+                self.findings.extend(new)
+                # ranks whose files say they ended by themselves (they may still be tearing down)
+                self._abort(finished={r for r, tr in wd.node.traces.items() if tr.exit is not None})
+        if final:
+            return True
+        if self.aborted_at is not None:
+            self._escalate()
+        return False
+
+    def _start_watchdog(self):
         try:
             from colltrace import config
             from colltrace.watchdog import Watchdog
@@ -152,30 +204,10 @@ class TestGuard:
             env = dict(os.environ, **self.env())
             env.update(COLLTRACE_ON_HANG="warn", COLLTRACE_POLL_S=repr(self.poll_s))
             settings = config.load(env)
-            wd = Watchdog(self.dir, job=None, host=None, settings=settings, stream=self.log)
+            return Watchdog(self.dir, job=None, host=None, settings=settings, stream=self.log)
         except Exception as exc:  # a broken guard must not break the test
             self.log.write(f"colltrace: guard could not start its watchdog: {exc!r}\n")
-            return
-        while True:
-            final = self._stop.is_set()
-            if self.aborted_at is None:
-                # Judged until the first finding only: what follows the abort (the ranks it ended
-                # "vanished") is its consequence, not news.
-                try:
-                    new = wd.step()
-                except Exception as exc:
-                    self.log.write(f"colltrace: watchdog error (continuing): {exc!r}\n")
-                    new = []
-                self._remember(wd)
-                if new:
-                    self.findings.extend(new)
-                    # ranks whose files say they ended by themselves (they may still be tearing down)
-                    self._abort(finished={r for r, tr in wd.node.traces.items() if tr.exit is not None})
-            if final:
-                return
-            if self.aborted_at is not None:
-                self._escalate()
-            self._stop.wait(self.poll_s)
+            return None
 
     def _remember(self, wd) -> None:
         for rank, tr in list(wd.node.traces.items()):

@@ -26,7 +26,11 @@ def entered(job, rank):
     return "ENTERING" in line
 
 
-@pytest.mark.parametrize("how", ["sigkill", "segv"])
+SIGNALS = {"sigkill": signal.SIGKILL, "segv": signal.SIGSEGV, "abrt": signal.SIGABRT}
+FAULT_TEXT = {"segv": "Segmentation fault", "abrt": "Aborted"}
+
+
+@pytest.mark.parametrize("how", ["sigkill", "segv", "abrt"])
 def test_record_of_the_collective_a_rank_died_in_is_readable(gloo_job, how):
     job = gloo_job("die_in_collective.py", 2, args=[how], env={"COLLTRACE_WATCHDOG": "off"})
     wait_for(lambda: entered(job, 1), 60, "rank 1 to enter the barrier")
@@ -34,7 +38,7 @@ def test_record_of_the_collective_a_rank_died_in_is_readable(gloo_job, how):
         time.sleep(0.3)
         os.kill(job.procs[1].pid, signal.SIGKILL)
     job.procs[1].wait(timeout=30)
-    assert job.procs[1].returncode == (-signal.SIGKILL if how == "sigkill" else -signal.SIGSEGV)
+    assert job.procs[1].returncode == -SIGNALS[how]
     job.kill()  # rank 0 would wait for the 30-minute gloo timeout
 
     snap = trace.load_snapshot(job.dir)
@@ -42,8 +46,8 @@ def test_record_of_the_collective_a_rank_died_in_is_readable(gloo_job, how):
     last = rank1["records"][-1]
     assert last["op"] == "barrier" and last["state"] == "waiting" and last["seq"] == 2
     assert user_line(last, "die_in_collective.py") == markers("die_in_collective.py")["doomed_barrier"]
-    if how == "segv":
+    if how in FAULT_TEXT:
         # faulthandler wrote every thread's stack and the signal into the rank's folder
-        assert rank1["status"] == "dead" and rank1["exit"]["signal"] == "SIGSEGV"
+        assert rank1["status"] == "dead" and rank1["exit"]["signal"] == SIGNALS[how].name
         fault = open(os.path.join(job.dir, "rank-00001.fault.txt")).read()
-        assert "Segmentation fault" in fault and "die_in_collective.py" in fault
+        assert FAULT_TEXT[how] in fault and "die_in_collective.py" in fault

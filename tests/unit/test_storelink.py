@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -49,6 +50,10 @@ def test_hang_and_wanted_stacks_round_trip(store):
     assert node.hang_reported() is None and node.wanted_stacks() == set()
     leader.set_wanted_stacks({7, 3})
     leader.report_hang("deadlock")
+    # c10d's set() does not wait for the server: another client sees it a moment later
+    deadline = time.monotonic() + 10
+    while node.hang_reported() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert node.wanted_stacks() == {3, 7} and node.hang_reported() == "deadlock"
 
 

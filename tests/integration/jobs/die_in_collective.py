@@ -1,5 +1,6 @@
 """Rank 1 enters a barrier that rank 0 never joins, then dies there: by SIGSEGV (a real segfault
-from a helper thread, while the main thread waits inside gloo) or waits to be SIGKILLed."""
+from a helper thread, while the main thread waits inside gloo), by SIGABRT (abort() in native
+code, as gloo's collective-mismatch check does) or waits to be SIGKILLed."""
 import ctypes
 import os
 import sys
@@ -16,6 +17,8 @@ dist.all_reduce(torch.ones(2))
 if rank == 1:
     if how == "segv":
         threading.Timer(0.5, lambda: ctypes.string_at(0)).start()
+    elif how == "abrt":
+        threading.Timer(0.5, os.abort).start()
     print("ENTERING", flush=True)
     dist.barrier()  # op: doomed_barrier
 else:
