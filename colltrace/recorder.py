@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 
 from colltrace import flightrecorder, ringfile
 from colltrace.ringfile import COMPLETE, ENTER, F_DONE, F_P2P, FAIL, RETURN, UNTRACED
@@ -50,7 +51,7 @@ class GroupState:
     __slots__ = ("id", "pg", "name", "ranks", "backend", "get_seq", "last_after", "p2p_offset", "p2p_seq")
 
     def __init__(self, gid, pg, name, ranks, backend, get_seq):
-        self.id, self.pg, self.name, self.ranks, self.backend = gid, pg, name, ranks, backend
+        self.id, self.pg, self.name, self.ranks, self.backend = gid, pg, name, ranks, backend   # pg: a weakref
         self.get_seq = get_seq
         self.last_after = None   # backend counter after our last observed op
         self.p2p_offset = 0      # backend steps taken by p2p ops (gloo counts them, NCCL does not)
@@ -75,7 +76,8 @@ class Recorder:
         self._stacks: dict = {}
         self._sigs: dict = {}
         self._threads: dict = {}
-        self.groups: dict = {}
+        self.groups: dict = {}          # id(process group) -> GroupState
+        self._group_ids = itertools.count(1)
         self._rec_ids = itertools.count(1)
         self._pending: list = []        # (rec_id, waitable) polled for completion off the hot path
         self._pending_lock = threading.Lock()
@@ -204,13 +206,19 @@ class Recorder:
         return tid
 
     def group_state(self, pg, describe) -> GroupState:
-        """describe(pg) -> (name, desc, global ranks, backend, seq getter); called once per group."""
-        gs = self.groups.get(pg)
+        """describe(pg) -> (name, desc, global ranks, backend, seq getter); called once per group.
+
+        Groups are held weakly (keyed by id, the entry dropped when the group is freed, before
+        its id can be reused): a group the program destroyed must be freed when torch lets go
+        of it, not at interpreter exit, where a gloo group's destructor can abort."""
+        key = id(pg)
+        gs = self.groups.get(key)
         if gs is None:
             name, desc, ranks, backend, get_seq = describe(pg)
-            gs = GroupState(len(self.groups) + 1, pg, name, ranks, backend, get_seq)
+            gs = GroupState(next(self._group_ids), None, name, ranks, backend, get_seq)
+            gs.pg = weakref.ref(pg, lambda _, key=key, groups=self.groups: groups.pop(key, None))
             self.defs.write({"k": "group", "id": gs.id, "name": name, "desc": desc, "ranks": ranks, "backend": backend})
-            self.groups[pg] = gs
+            self.groups[key] = gs
         return gs
 
     # ---- events ----------------------------------------------------------------------

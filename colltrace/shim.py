@@ -15,6 +15,7 @@ import inspect
 import os
 import sys
 import threading
+import weakref
 import zlib
 
 from colltrace import config
@@ -158,11 +159,17 @@ def _describe_group(pg):
         backend = str(c10d.get_backend(pg))
     except Exception:
         backend = ""
-    get_seq = getattr(pg, "_get_sequence_number_for_group", None)
+    get_seq = None
+    fn = getattr(type(pg), "_get_sequence_number_for_group", None)
     try:
-        get_seq()
+        fn(pg)
+        ref = weakref.ref(pg)   # a bound method would keep the group alive past its destruction
+
+        def get_seq():
+            p = ref()
+            return fn(p) if p is not None else -1
     except Exception:
-        get_seq = None
+        pass
     return str(getattr(pg, "group_name", "")), str(getattr(pg, "group_desc", "")), ranks, backend, get_seq
 
 

@@ -83,3 +83,30 @@ def test_a_failure_inside_colltrace_is_reported_once_and_changes_nothing(gloo_jo
         assert job.stderr(r).count("colltrace: internal error") == 1
     notes = trace.load_traces(job.dir)[0].notes
     assert any("simulated colltrace bug" in n for n in notes)
+
+
+DESTROY = """
+import gc, os, socket, weakref
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+g = dist.new_group([0])
+dist.all_reduce(torch.ones(1), group=g)
+dist.all_reduce(torch.ones(1))
+refs = [weakref.ref(g), weakref.ref(dist.group.WORLD)]
+del g
+dist.destroy_process_group()
+gc.collect()
+print([r() is None for r in refs])
+"""
+
+
+def test_destroyed_groups_are_freed_as_without_colltrace(tmp_path):
+    # Held past destroy_process_group, a gloo group is freed at interpreter exit instead, where
+    # its destructor can abort the process: the traced program must let go of it when torch does.
+    untraced = run_py(DESTROY, {})
+    traced = run_py(DESTROY, {"COLLTRACE": "1", "COLLTRACE_DIR": str(tmp_path), "COLLTRACE_WATCHDOG": "off"})
+    assert untraced.stdout.split() == ["[True,", "True]"], untraced.stderr
+    assert traced.stdout == untraced.stdout, traced.stderr
+    assert "all_reduce" in {r["op"] for tr in trace.load_traces(str(tmp_path)) for r in tr.all_records()}
