@@ -215,8 +215,8 @@ class Recorder:
         gs = self.groups.get(key)
         if gs is None:
             name, desc, ranks, backend, get_seq = describe(pg)
-            gs = GroupState(next(self._group_ids), None, name, ranks, backend, get_seq)
-            gs.pg = weakref.ref(pg, lambda _, key=key, groups=self.groups: groups.pop(key, None))
+            ref = weakref.ref(pg, lambda _, key=key, groups=self.groups: groups.pop(key, None))
+            gs = GroupState(next(self._group_ids), ref, name, ranks, backend, get_seq)
             self.defs.write({"k": "group", "id": gs.id, "name": name, "desc": desc, "ranks": ranks, "backend": backend})
             self.groups[key] = gs
         return gs
