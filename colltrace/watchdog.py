@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-from colltrace import config, flightrecorder, stacks, storelink, trace
+from colltrace import config, flightrecorder, samekind, stacks, storelink, trace
 from colltrace.analysis import HANG_KINDS, analyze, render_report
 from colltrace.analysis import report as report_mod
 from colltrace.snapshot import compact_entry, merge, suspects
@@ -328,6 +328,7 @@ class Watchdog:
         if new:
             for f in new:
                 self.reported.add(f.get("key"))
+            samekind.annotate(new)   # reads the user's source: after the (pure) analysis
             self.findings.extend(new)
             self._emit(new, snap)
             hangs = [f for f in new if f.get("kind") in HANG_KINDS]   # duplicate data is no hang

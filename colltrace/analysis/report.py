@@ -575,6 +575,28 @@ def render_stack_classes(finding: dict) -> str:
     return "\n".join(lines)
 
 
+def render_same_kind(f: dict) -> str:
+    """The finding's `same_kind` call sites (colltrace/samekind.py) as an indented list, or ""."""
+    sites = f.get("same_kind")
+    if not isinstance(sites, list) or not sites:
+        return ""
+    who = rank_word(f.get("missing_ranks") or [])
+    g = f.get("group") or {}
+    lines = [f"\nThe same kind elsewhere: {len(sites)} other call site{'s' if len(sites) != 1 else ''} on group "
+             f"{g.get('name')} ({g.get('desc') or 'no description'}) that {who} would not join either, "
+             f"most likely next first:"]
+    for s in sites:
+        try:
+            grp = "default group" if s.get("group") == "default" else f"group={s.get('group')}"
+            why = s.get("may_be_default")
+            if why:
+                grp += ", may be the default group" + (f": {why}" if isinstance(why, str) else "")
+            lines.append(f"  {_frame_text(s.get('file'), s.get('line'), s.get('func'))}: {s.get('op')} ({grp})")
+        except (AttributeError, TypeError):
+            continue
+    return "\n".join(lines)
+
+
 def render_report(findings: list[dict]) -> str:
     """Every finding's paragraph and stack classes; "no problems found" when there are none."""
     if not findings:
@@ -586,5 +608,6 @@ def render_report(findings: list[dict]) -> str:
         classes_text = render_stack_classes(f)
         if classes_text:
             block += "\n" + classes_text
+        block += render_same_kind(f)
         out.append(block)
     return "\n\n".join(out)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 import sys
 
-from colltrace import trace
+from colltrace import samekind, trace
 
 
 class AnalyzeCommand:
@@ -26,6 +26,7 @@ class AnalyzeCommand:
             raise UsageError(str(exc)) from None
         stall_s = args.stall_s if args.stall_s is not None else trace.job_stall_s(snap)
         findings = analyze(snap, stall_s=stall_s, now=snap["taken_at"])
+        samekind.annotate(findings)
         if args.json:
             json.dump({"findings": findings}, sys.stdout, indent=2, default=str)
             sys.stdout.write("\n")

@@ -55,15 +55,16 @@ def test_correct_trainer_learns_and_gives_no_finding(torchrun_job, tmp_path):
     assert sorted(os.listdir(tmp_path / "dump" / "checkpoints")) == ["step_000020", "step_000030"]
 
 
-@pytest.mark.parametrize("bug,barrier_at,teacher_op,teacher_at", [
+@pytest.mark.parametrize("bug,barrier_at,teacher_op,teacher_at,same_kind", [
     # the reports' story: ranks 0-2 sync a new checkpoint folder on the default group while the
-    # teacher waits in its model-ready broadcast on the ipc group
-    ("checkpoint_barrier", "checkpoint_barrier", "broadcast", "teacher_ready"),
-    ("probe_barrier", "probe_barrier", "gather", "teacher_gather"),
-    ("metrics_default_group", "metrics_default_group", "gather", "teacher_gather"),
+    # teacher waits in its model-ready broadcast on the ipc group; the same kind elsewhere: the
+    # two other collectives whose group may be the default one, the next to run first
+    ("checkpoint_barrier", "checkpoint_barrier", "broadcast", "teacher_ready", ["probe_barrier", "metrics_default_group"]),
+    ("probe_barrier", "probe_barrier", "gather", "teacher_gather", ["checkpoint_barrier", "metrics_default_group"]),
+    ("metrics_default_group", "metrics_default_group", "gather", "teacher_gather", ["probe_barrier", "checkpoint_barrier"]),
 ])
 def test_default_group_collective_is_a_deadlock_with_the_teacher(torchrun_job, tmp_path, bug, barrier_at, teacher_op,
-                                                                 teacher_at):
+                                                                 teacher_at, same_kind):
     job, rc = run(torchrun_job, tmp_path, bug)
     assert rc != 0
     f = the(job.findings(), "deadlock")
@@ -78,6 +79,14 @@ def test_default_group_collective_is_a_deadlock_with_the_teacher(torchrun_job, t
     assert mark(barrier_at) in f["advice"] and mark(barrier_at) in f["summary"]
     assert f"#{f['seq']} on group {f['group']['name']} (default_pg" in f["summary"]
     assert hang_latency(f) < 2.0
+    assert [f"{os.path.basename(x['file'])}:{x['line']}" for x in f["same_kind"]] == [mark(b) for b in same_kind]
+    assert all(x["may_be_default"] for x in f["same_kind"])
+    with open(os.path.join(job.dir, "report.txt")) as r:
+        report = r.read()
+    tail = report.split("The same kind elsewhere", 1)[1]
+    at = [tail.find(mark(b) + " (") for b in same_kind]   # listed in the report, in the same order
+    assert -1 not in at and at == sorted(at), tail
+    assert "The same kind elsewhere" not in f["summary"]
 
 
 def test_teacher_loop_before_setup_is_a_mismatch_on_the_ipc_group(torchrun_job, tmp_path):

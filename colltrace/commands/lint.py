@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+class LintCommand:
+    name = "lint"
+    help = "Check Python sources for collective patterns that hang distributed jobs (static; no torch import)."
+
+    def prepare_parser(self, p):
+        p.add_argument("paths", nargs="+", metavar="PATH", help="Python files or folders (searched recursively)")
+        p.add_argument("--json", action="store_true", help='print {"findings": [...], "files": N}')
+        p.add_argument("--select", default=None, metavar="RULE[,RULE]",
+                       help="check only these rules (default: all)")
+
+    def run(self, args, parser) -> int:
+        from colltrace import lint
+        from colltrace.commands import UsageError
+
+        select = set(lint.RULES)
+        if args.select:
+            select = {r.strip() for r in args.select.split(",") if r.strip()}
+            unknown = select - set(lint.RULES)
+            if unknown:
+                raise UsageError(f"unknown rule {sorted(unknown)[0]!r}; one of: {', '.join(lint.RULES)}")
+        for p in args.paths:
+            if not os.path.exists(p):
+                raise UsageError(f"{p}: no such file or folder")
+        files = lint.python_files(args.paths)
+        findings = []
+        for path in files:
+            try:
+                findings += [f for f in lint.check_file(path) if f.rule in select]
+            except SyntaxError as exc:   # the file cannot be checked, so the run cannot say "nothing found"
+                raise UsageError(f"{path}:{exc.lineno}: cannot parse: {exc.msg}") from None
+            except (OSError, ValueError) as exc:
+                raise UsageError(f"{path}: cannot read: {exc}") from None
+        if args.json:
+            json.dump({"files": len(files), "findings": [lint.as_dict(f) for f in findings]}, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            for f in findings:
+                sys.stdout.write(f.text() + "\n")
+            n = len(findings)
+            sys.stdout.write(f"colltrace lint: {n} finding{'s' if n != 1 else ''} in {len(files)} "
+                             f"file{'s' if len(files) != 1 else ''}\n")
+        return 1 if findings else 0
