@@ -20,6 +20,7 @@ call's line silences a finding.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import re
 from dataclasses import asdict, dataclass
@@ -30,7 +31,7 @@ RULES = {
     "rank-branch": "collective under a rank-dependent branch: the ranks that skip it never join",
     "object-rank-branch": "object collective under a rank-dependent branch: the ranks that skip it never join",
     "rank-exit": "some ranks leave here, before a collective that the others then wait in",
-    "default-group": "collective on the default group in code that uses subgroups: "
+    "default-group": "collective with no explicit group next to code that splits the ranks into subgroups: "
                      "ranks busy in another group never join",
     "collective-in-except": "collective in an except block: only the ranks that raised call it",
 }
@@ -131,6 +132,9 @@ class _Checker:
             if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
                 break
             if isinstance(parent, ast.ExceptHandler):
+                tryn = self.sf.parents.get(id(parent))
+                if tryn is not None and _ops(self.sf, tryn.body):
+                    break   # a fallback for a collective that failed: it fails the same on every rank
                 self.add(s.line, "collective-in-except",
                          f"{s.op} runs only on the ranks that raised; the others never join it")
                 break
@@ -146,9 +150,22 @@ class _Checker:
                 rule = "object-rank-branch" if s.op in sourcescan.OBJECT_OPS else "rank-branch"
                 self.add(s.line, rule, f"{s.op} runs only where `{_short(cond)}` holds; the other ranks never join it")
                 break
-        if s.group_kind == "default" and self.sf.uses_subgroups:
-            self.add(s.line, "default-group",
-                     f"{s.op} on the default group in a file that uses subgroups: every rank must call it here")
+        if s.group_kind == "default" and s.group == "default" and s.op in sourcescan.GROUP_POS:
+            why = self._subgroups_near(s)
+            if why:
+                self.add(s.line, "default-group", f"{s.op} on the default group, while {why}: every rank must call it")
+
+    def _subgroups_near(self, s) -> str:
+        """Why ranks may be split over groups around this call ("" when nothing says so)."""
+        if s.owner:
+            for o in self.sf.sites:
+                if o.owner == s.owner and o.group_kind == "explicit":
+                    return f"{o.op} at line {o.line} uses group {_short(o.group, 40)}"
+        if self.sf.makes_subgroups:
+            return "this file makes subgroups"
+        if _folder_makes_subgroups(os.path.dirname(os.path.abspath(self.sf.path))):
+            return "this folder's code makes subgroups"
+        return ""
 
     def _matched_after(self, ifnode, op) -> bool:
         """`if is_root: dist.gather(..., lst); return lst` then `dist.gather(...)` for the rest."""
@@ -200,6 +217,26 @@ class _Checker:
                          f"ranks where `{_short(ast.unparse(ifnode.test))}` holds {word} here; the others then wait "
                          f"in {s.op} at line {s.line}")
                 return
+
+
+_MAKES = re.compile(r"\b(?:new_group|new_subgroups|new_subgroups_by_enumeration|split_group)\s*\(")
+
+
+@functools.lru_cache(maxsize=256)
+def _folder_makes_subgroups(folder: str) -> bool:
+    """Whether a module next to this one calls new_group / new_subgroups / split_group."""
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".py"))
+    except OSError:
+        return False
+    for n in names:
+        try:
+            with open(os.path.join(folder, n), encoding="utf-8", errors="replace") as f:
+                if _MAKES.search(f.read()):
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def _as_list(x):

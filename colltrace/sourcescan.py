@@ -30,8 +30,9 @@ GROUP_POS = {
 OBJECT_OPS = frozenset(("all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list"))
 BARRIERS = frozenset(("barrier", "monitored_barrier"))
 GROUP_KWARGS = ("group", "process_group", "pg")
-SUBGROUP_MAKERS = frozenset(("new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group",
-                             "init_device_mesh", "DeviceMesh"))
+# calls that carve rank subsets out of the world explicitly (device meshes cover every rank in
+# each dimension, and programs built on them run the same path everywhere: not counted)
+SUBGROUP_MAKERS = frozenset(("new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group"))
 
 
 @dataclass
@@ -42,6 +43,7 @@ class CallSite:
     op: str
     group: str           # "default", or the group expression's source text
     group_kind: str      # "default" | "maybe_default" | "explicit"
+    owner: str = ""      # the enclosing class, else the enclosing function ("" at module level)
     why_default: str = ""   # maybe_default: where the None may come from (`group = None if ... else ...`)
     node: ast.Call = field(repr=False, compare=False, default=None)
 
@@ -63,7 +65,7 @@ class SourceFile:
     imports: list              # (module name, level) of every import, in source order
     parents: dict = field(default_factory=dict)   # id(node) -> parent node
     sites: list = field(default_factory=list)
-    uses_subgroups: bool = False   # makes subgroups or passes an explicit group somewhere
+    makes_subgroups: bool = False  # calls new_group / new_subgroups / split_group
 
 
 def parse(path: str) -> SourceFile:
@@ -111,13 +113,29 @@ def _is_dist(sf: SourceFile, node) -> bool:
     return False
 
 
+# The frameworks' own collectives, called on their usual objects (`accelerator.wait_for_everyone()`,
+# `self.strategy.barrier()`, `fabric.all_reduce(x)`): every process of the job must call them.
+FRAMEWORK_OWNERS = frozenset(("accelerator", "fabric", "strategy"))
+FRAMEWORK_OPS = frozenset(("wait_for_everyone", "barrier", "broadcast", "all_gather", "all_reduce", "gather",
+                           "reduce", "gather_for_metrics"))
+
+
+def _framework_op(fn) -> str | None:
+    if isinstance(fn, ast.Attribute) and fn.attr in FRAMEWORK_OPS:
+        owner = fn.value
+        name = owner.attr if isinstance(owner, ast.Attribute) else (owner.id if isinstance(owner, ast.Name) else None)
+        if name in FRAMEWORK_OWNERS:
+            return f"{name}.{fn.attr}"
+    return None
+
+
 def collective_op(sf: SourceFile, call: ast.Call) -> str | None:
     fn = call.func
     if isinstance(fn, ast.Attribute) and fn.attr in GROUP_POS and _is_dist(sf, fn.value):
         return fn.attr
     if isinstance(fn, ast.Name) and fn.id in sf.direct_ops:
         return sf.direct_ops[fn.id]
-    return None
+    return _framework_op(fn)
 
 
 def _is_none(node) -> bool:
@@ -141,6 +159,8 @@ def _const_truth(node):
 
 def group_arg(op: str, call: ast.Call):
     """The group argument's node, or None when it is left to its default."""
+    if op not in GROUP_POS:
+        return None   # a framework's collective: on all of its processes
     for kw in call.keywords:
         if kw.arg in GROUP_KWARGS:
             return kw.value
@@ -225,28 +245,27 @@ def _index(sf: SourceFile) -> None:
         fn = call.func
         name = fn.attr if isinstance(fn, ast.Attribute) else (fn.id if isinstance(fn, ast.Name) else None)
         if name in SUBGROUP_MAKERS:
-            sf.uses_subgroups = True
+            sf.makes_subgroups = True
         op = collective_op(sf, call)
-        for kw in call.keywords:
-            if kw.arg in GROUP_KWARGS and not _is_none(kw.value) and op is None:
-                sf.uses_subgroups = True   # DDP(process_group=...), dcp.save(process_group=...)
         if op is None:
             return
+        if op not in GROUP_POS and any(kw.arg in GROUP_KWARGS for kw in call.keywords):
+            return   # a framework collective on a group of its own: not followed
         fdef = next((n for n in reversed(stack) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
         scope = scopes.get(id(fdef))
         if scope is None:
             scope = scopes[id(fdef)] = _Scope(fdef)
         g = group_arg(op, call)
         kind = classify(sf, g, scope)
-        if kind == "explicit":
-            sf.uses_subgroups = True
-        text = "default" if kind == "default" else ast.unparse(g)
+        text = "default" if kind == "default" and (g is None or not _is_world(sf, g)) else ast.unparse(g)
         why = ""
         if kind == "maybe_default" and isinstance(g, ast.Name):
             why = "; ".join(f"{g.id} = {ast.unparse(v)}" for v in scope.assigned.get(g.id, ()))
             if g.id in scope.params_none:
                 why = "; ".join(x for x in (why, f"parameter {g.id}=None") if x)
-        sf.sites.append(CallSite(sf.path, call.lineno, _qualname(stack), op, text, kind, why, call))
+        cls = next((n for n in reversed(stack) if isinstance(n, ast.ClassDef)), None)
+        owner = cls.name if cls is not None else (fdef.name if fdef is not None else "")
+        sf.sites.append(CallSite(sf.path, call.lineno, _qualname(stack), op, text, kind, owner, why, call))
 
     visit(sf.tree, [])
     sf.sites.sort(key=lambda s: s.line)
