@@ -173,10 +173,11 @@ def group_arg(op: str, call: ast.Call):
 class _Scope:
     """Assignments of plain names within one function, to see through `group = ...`."""
 
-    def __init__(self, fn):
+    def __init__(self, fn, module=None):
         self.assigned: dict[str, list] = {}
         self.params_none: set[str] = set()
         if fn is None:
+            self._collect(module)
             return
         args = fn.args
         positional = args.posonlyargs + args.args
@@ -186,8 +187,15 @@ class _Scope:
         for a, d in zip(args.kwonlyargs, args.kw_defaults):
             if d is not None and _is_none(d):
                 self.params_none.add(a.arg)
-        self.params = {a.arg for a in positional + args.kwonlyargs}
-        for node in ast.walk(fn):
+        self._collect(fn)
+
+    def _collect(self, root) -> None:
+        todo = list(ast.iter_child_nodes(root)) if root is not None else []
+        while todo:   # this scope's own assignments: not those of the functions inside it
+            node = todo.pop()
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                continue
+            todo.extend(ast.iter_child_nodes(node))
             if isinstance(node, ast.Assign):
                 for t in node.targets:
                     if isinstance(t, ast.Name):
@@ -236,7 +244,8 @@ def _index(sf: SourceFile) -> None:
     def visit(node, stack):
         for child in ast.iter_child_nodes(node):
             sf.parents[id(child)] = node
-            inner = stack + [child] if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else stack
+            defines = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            inner = stack + [child] if defines else stack
             if isinstance(child, ast.Call):
                 _call(child, stack)
             visit(child, inner)
@@ -254,7 +263,7 @@ def _index(sf: SourceFile) -> None:
         fdef = next((n for n in reversed(stack) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
         scope = scopes.get(id(fdef))
         if scope is None:
-            scope = scopes[id(fdef)] = _Scope(fdef)
+            scope = scopes[id(fdef)] = _Scope(fdef, sf.tree)
         g = group_arg(op, call)
         kind = classify(sf, g, scope)
         text = "default" if kind == "default" and (g is None or not _is_world(sf, g)) else ast.unparse(g)

@@ -27,9 +27,24 @@ class AnalyzeCommand:
         stall_s = args.stall_s if args.stall_s is not None else trace.job_stall_s(snap)
         findings = analyze(snap, stall_s=stall_s, now=snap["taken_at"])
         samekind.annotate(findings)
+        warnings = _warnings(snap)
         if args.json:
-            json.dump({"findings": findings}, sys.stdout, indent=2, default=str)
+            json.dump({"findings": findings, "warnings": warnings}, sys.stdout, indent=2, default=str)
             sys.stdout.write("\n")
         else:
             sys.stdout.write(render_report(findings) + "\n")
-        return 1 if findings else 0
+            if warnings:
+                from colltrace.analysis import desync
+                sys.stdout.write("\n" + desync.render(warnings) + "\n")
+        return 1 if findings else 0   # warnings alone: the run is not wrong (yet)
+
+
+def _warnings(snap: dict) -> list[dict]:
+    """Silent desyncs (colltrace/analysis/desync.py): warnings, never a reason to fail."""
+    from colltrace.analysis import desync
+    from colltrace.analysis.snapshot import Snapshot
+
+    try:
+        return desync.find(Snapshot(snap))
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return []

@@ -1,0 +1,39 @@
+"""`colltrace analyze` on a run that ended well: collectives that the ranks of one group reached
+from different places are warnings (text and --json), never findings, and the exit code stays 0."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+JOBS = os.path.join(os.path.dirname(__file__), "jobs")
+
+
+def analyze(directory, *flags):
+    return subprocess.run([sys.executable, "-m", "colltrace.cli", "analyze", directory, *flags],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_out_of_step_ranks_are_a_warning_not_a_finding(gloo_job):
+    job = gloo_job("desync.py", 2)
+    assert job.wait(60) == [0, 0], job.stderr(0)
+    out = analyze(job.dir, "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["findings"] == []
+    [w] = doc["warnings"]
+    assert w["kind"] == "desync" and w["seq"] == 2 and w["group"]["desc"] == "default_pg"
+    places = {tuple(p["ranks"]): (os.path.basename(p["file"]), p["func"], p["op"]) for p in w["places"]}
+    assert places == {(0,): ("desync.py", "log_metrics", "all_reduce"), (1,): ("desync.py", "sync_grads", "all_reduce")}
+    text = analyze(job.dir)
+    assert text.returncode == 0
+    assert "no problems found" in text.stdout and "1 warning" in text.stdout
+    assert "desync.py:8 (log_metrics)" in text.stdout and "desync.py:12 (sync_grads)" in text.stdout
+
+
+def test_a_healthy_job_in_step_has_no_warning(gloo_job):
+    job = gloo_job("healthy.py", 2, args=[3])
+    assert job.wait(60) == [0, 0], job.stderr(0)
+    out = analyze(job.dir, "--json")
+    assert out.returncode == 0 and json.loads(out.stdout) == {"findings": [], "warnings": []}
