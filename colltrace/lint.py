@@ -26,6 +26,7 @@ import re
 from dataclasses import asdict, dataclass
 
 from colltrace import sourcescan
+from colltrace.analysis.report import is_internal
 
 RULES = {
     "rank-branch": "collective under a rank-dependent branch: the ranks that skip it never join",
@@ -165,6 +166,12 @@ class _Checker:
             return "this file makes subgroups"
         if _folder_makes_subgroups(os.path.dirname(os.path.abspath(self.sf.path))):
             return "this folder's code makes subgroups"
+        for mod, level in self.sf.imports:
+            for path in sourcescan.resolve_import(self.sf.path, mod, level):
+                if is_internal(path):
+                    continue   # torch's own modules make subgroups for everyone's use
+                if _file_makes_subgroups(os.path.abspath(path)):
+                    return f"{os.path.basename(path)}, imported here, makes subgroups"
         return ""
 
     def _matched_after(self, ifnode, op) -> bool:
@@ -222,21 +229,26 @@ class _Checker:
 _MAKES = re.compile(r"\b(?:new_group|new_subgroups|new_subgroups_by_enumeration|split_group)\s*\(")
 
 
+@functools.lru_cache(maxsize=1024)
+def _file_makes_subgroups(path: str) -> bool:
+    """Whether a module carves rank subsets out of the world (sourcescan.SourceFile.makes_subgroups)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            if _MAKES.search(f.read()) is None:
+                return False   # the common case, without parsing
+        return sourcescan.parse(path).makes_subgroups
+    except (OSError, SyntaxError, ValueError, RecursionError):
+        return False
+
+
 @functools.lru_cache(maxsize=256)
 def _folder_makes_subgroups(folder: str) -> bool:
-    """Whether a module next to this one calls new_group / new_subgroups / split_group."""
+    """Whether a module next to this one makes subgroups."""
     try:
         names = sorted(n for n in os.listdir(folder) if n.endswith(".py"))
     except OSError:
         return False
-    for n in names:
-        try:
-            with open(os.path.join(folder, n), encoding="utf-8", errors="replace") as f:
-                if _MAKES.search(f.read()):
-                    return True
-        except OSError:
-            continue
-    return False
+    return any(_file_makes_subgroups(os.path.join(folder, n)) for n in names)
 
 
 def _as_list(x):

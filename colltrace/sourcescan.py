@@ -253,8 +253,9 @@ def _index(sf: SourceFile) -> None:
     def _call(call, stack):
         fn = call.func
         name = fn.attr if isinstance(fn, ast.Attribute) else (fn.id if isinstance(fn, ast.Name) else None)
-        if name in SUBGROUP_MAKERS:
-            sf.makes_subgroups = True
+        if name in SUBGROUP_MAKERS and (name != "new_group" or call.args or any(
+                kw.arg == "ranks" and not _is_none(kw.value) for kw in call.keywords)):
+            sf.makes_subgroups = True   # new_group() without ranks (another backend) spans the world
         op = collective_op(sf, call)
         if op is None:
             return

@@ -29,21 +29,28 @@ class LintCommand:
             if not os.path.exists(p):
                 raise UsageError(f"{p}: no such file or folder")
         files = lint.python_files(args.paths)
-        findings = []
+        findings, unchecked = [], 0
         for path in files:
+            # A file that cannot be read or parsed is named on stderr and the others are still
+            # checked; the exit code is then 2: the run cannot vouch for that file.
             try:
                 findings += [f for f in lint.check_file(path) if f.rule in select]
-            except SyntaxError as exc:   # the file cannot be checked, so the run cannot say "nothing found"
-                raise UsageError(f"{path}:{exc.lineno}: cannot parse: {exc.msg}") from None
-            except (OSError, ValueError) as exc:
-                raise UsageError(f"{path}: cannot read: {exc}") from None
+            except SyntaxError as exc:
+                unchecked += 1
+                sys.stderr.write(f"colltrace: error: {path}:{exc.lineno}: cannot parse: {exc.msg}\n")
+            except (OSError, ValueError, RecursionError) as exc:
+                unchecked += 1
+                sys.stderr.write(f"colltrace: error: {path}: cannot read: {exc}\n")
         if args.json:
-            json.dump({"files": len(files), "findings": [lint.as_dict(f) for f in findings]}, sys.stdout, indent=2)
+            json.dump({"files": len(files) - unchecked, "unchecked": unchecked, "findings": [lint.as_dict(f) for f in findings]}, sys.stdout, indent=2)
             sys.stdout.write("\n")
         else:
             for f in findings:
                 sys.stdout.write(f.text() + "\n")
             n = len(findings)
-            sys.stdout.write(f"colltrace lint: {n} finding{'s' if n != 1 else ''} in {len(files)} "
-                             f"file{'s' if len(files) != 1 else ''}\n")
+            sys.stdout.write(f"colltrace lint: {n} finding{'s' if n != 1 else ''} in {len(files) - unchecked} "
+                             f"file{'s' if len(files) - unchecked != 1 else ''}"
+                             + (f" ({unchecked} could not be checked)" if unchecked else "") + "\n")
+        if unchecked:
+            return 2
         return 1 if findings else 0

@@ -115,3 +115,28 @@ def test_the_examples_group_switch_turned_on_in_the_source_is_flagged(tmp_path, 
     assert out.returncode == 1, out.stderr
     got = [(os.path.basename(f["file"]), f["line"], f["rule"]) for f in json.loads(out.stdout)["findings"]]
     assert got == [(*mark(bug), "default-group")]
+
+
+def test_default_group_in_a_module_that_imports_the_subgroup_maker(tmp_path):
+    for d in ("pkg", "app", "other"):
+        (tmp_path / d).mkdir()
+    (tmp_path / "pkg" / "groups.py").write_text("import torch.distributed as dist\n\n"
+                                                "def training_group(ranks):\n    return dist.new_group(ranks)\n")
+    (tmp_path / "app" / "ckpt.py").write_text("import torch.distributed as dist\nfrom pkg import groups\n\n"
+                                              "dist.barrier()\n")
+    (tmp_path / "other" / "world.py").write_text("import torch.distributed as dist\n\n"
+                                                 "pg = dist.new_group(backend='gloo')\ndist.barrier()\n")   # no subset
+    out = lint("--json", tmp_path / "app", tmp_path / "other")
+    found = json.loads(out.stdout)["findings"]
+    assert [(os.path.basename(f["file"]), f["line"], f["rule"]) for f in found] == [("ckpt.py", 4, "default-group")]
+    assert "groups.py, imported here, makes subgroups" in found[0]["why"]
+
+
+def test_a_file_that_does_not_parse_is_named_and_the_others_still_checked(tmp_path):
+    (tmp_path / "bad.py").write_text("def f(:\n")
+    (tmp_path / "good.py").write_text(HEAD + "if rank == 0:\n    dist.barrier()\n")
+    out = lint(tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.strip() == f"colltrace: error: {tmp_path / 'bad.py'}:1: cannot parse: invalid syntax"
+    assert "good.py:4: rank-branch" in out.stdout
+    assert out.stdout.splitlines()[-1] == "colltrace lint: 1 finding in 1 file (1 could not be checked)"
