@@ -42,7 +42,8 @@ class LintCommand:
                 unchecked += 1
                 sys.stderr.write(f"colltrace: error: {path}: cannot read: {exc}\n")
         if args.json:
-            json.dump({"files": len(files) - unchecked, "unchecked": unchecked, "findings": [lint.as_dict(f) for f in findings]}, sys.stdout, indent=2)
+            doc = {"files": len(files) - unchecked, "unchecked": unchecked, "findings": [lint.as_dict(f) for f in findings]}
+            json.dump(doc, sys.stdout, indent=2)
             sys.stdout.write("\n")
         else:
             for f in findings:

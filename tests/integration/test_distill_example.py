@@ -59,9 +59,12 @@ def test_correct_trainer_learns_and_gives_no_finding(torchrun_job, tmp_path):
     # the reports' story: ranks 0-2 sync a new checkpoint folder on the default group while the
     # teacher waits in its model-ready broadcast on the ipc group; the same kind elsewhere: the
     # two other collectives whose group may be the default one, the next to run first
-    ("checkpoint_barrier", "checkpoint_barrier", "broadcast", "teacher_ready", ["probe_barrier", "metrics_default_group"]),
-    ("probe_barrier", "probe_barrier", "gather", "teacher_gather", ["checkpoint_barrier", "metrics_default_group"]),
-    ("metrics_default_group", "metrics_default_group", "gather", "teacher_gather", ["probe_barrier", "checkpoint_barrier"]),
+    ("checkpoint_barrier", "checkpoint_barrier", "broadcast", "teacher_ready",
+     ["probe_barrier", "metrics_default_group"]),
+    ("probe_barrier", "probe_barrier", "gather", "teacher_gather",
+     ["checkpoint_barrier", "metrics_default_group"]),
+    ("metrics_default_group", "metrics_default_group", "gather", "teacher_gather",
+     ["probe_barrier", "checkpoint_barrier"]),
 ])
 def test_default_group_collective_is_a_deadlock_with_the_teacher(torchrun_job, tmp_path, bug, barrier_at, teacher_op,
                                                                  teacher_at, same_kind):
