@@ -42,7 +42,8 @@ class LintCommand:
                 unchecked += 1
                 sys.stderr.write(f"colltrace: error: {path}: cannot read: {exc}\n")
         if args.json:
-            doc = {"files": len(files) - unchecked, "unchecked": unchecked, "findings": [lint.as_dict(f) for f in findings]}
+            doc = {"files": len(files) - unchecked, "unchecked": unchecked,
+                   "findings": [lint.as_dict(f) for f in findings]}
             json.dump(doc, sys.stdout, indent=2)
             sys.stdout.write("\n")
         else:
