@@ -60,18 +60,24 @@ def _roots(f: dict) -> tuple[str, list[int], str]:
             why = f"called {where} with different {report._and(differs) or 'arguments'} than the other members"
         return "root", rs, why
     if kind == "dead_rank":
-        return "root", [int(f["rank"])], "died while others waited for it"
+        return "root", [int(f["rank"])], "died (or exited) while the others still needed it"
     if kind == "deadlock":
-        cyc = (f.get("cycle") or [{}])[0]
-        return "root", sorted(cyc.get("waiting") or []), (f"waits in {cyc.get('op')} {where}, which the others "
-                                                          f"never call: a wait cycle")
+        cyc = f.get("cycle") or [{}]
+        first = cyc[0]
+        why = f"waited in {first.get('op')} #{first.get('seq')} on group {first.get('group')}"
+        if first.get("missing"):
+            why += f", which {report.rank_word(first['missing'])} never called"
+            other = next((c for c in cyc[1:] if set(c.get("waiting") or ()) & set(first["missing"])), None)
+            if other:
+                why += f" (waiting in {other.get('op')} #{other.get('seq')} on group {other.get('group')} instead)"
+        return "root", sorted(first.get("waiting") or []), why + ": a wait cycle"
     if kind == "unmatched_p2p":
         return "root", [int(f["peer"])], f"never posted the op matching rank {f.get('rank')}'s {f.get('op')}"
     if kind != "stall":
         return "", [], ""
     if f.get("p2p"):
         if f.get("stage") == "unverified" and f.get("peer") is not None:
-            return "root", [int(f["peer"])], f"shows no op matching rank {f.get('rank')}'s {f.get('op')}"
+            return "root", [int(f["peer"])], f"showed no op matching rank {f.get('rank')}'s {f.get('op')}"
         return "backend", sorted(int(r) for r in f.get("ranks", {})), "posted a transfer that never completes"
     if f.get("stage") == "completion":
         if f.get("completed_ranks"):
@@ -80,8 +86,7 @@ def _roots(f: dict) -> tuple[str, list[int], str]:
         return "backend", sorted(f.get("waiting") or []), f"entered {where} with everyone, and it never completes"
     rs = sorted(set(f.get("missing_ranks") or []) | set(f.get("unknown_ranks") or []))
     waiting = f.get("waiting") or []
-    return "root", rs, (f"never entered {where}" + (f", where {report.rank_word(waiting)} "
-                                                     f"{'waits' if len(waiting) == 1 else 'wait'}" if waiting else ""))
+    return "root", rs, (f"never entered {where}" + (f", where {report.rank_word(waiting)} waited" if waiting else ""))
 
 
 def _waiters(f: dict) -> set[int]:
@@ -123,15 +128,22 @@ def explain(findings: list[dict]) -> dict:
 
 
 def paragraph(culprits: list[int], reasons: dict, others: list[int]) -> str:
+    """"Culprits: look at ranks 12,14 first. Rank 12 never entered ...; rank 14 did not complete
+    .... The other 14 ranks involved (0-11,13,15) only wait, directly or through others, on them."
+    Culprits with the same reason share one sentence."""
     if not culprits:
         return ""
-    parts = []
+    alike: dict[str, list[int]] = {}
+    more: dict[str, int] = {}
     for r in culprits:
-        why = reasons.get(str(r)) or []
-        parts.append(f"rank {r} {why[0]}" + (f" (and {len(why) - 1} more like it)" if len(why) > 1 else ""))
-    text = (f"Culprits: look at {report.rank_word(culprits)} first. {report._cap('; '.join(parts))}.")
+        why = reasons.get(str(r)) or ["is where the waits end"]
+        alike.setdefault(why[0], []).append(r)
+        more[why[0]] = max(more.get(why[0], 0), len(why) - 1)
+    parts = [f"{report.rank_word(rs)} {why}" + (f" (and {more[why]} more like it)" if more[why] else "")
+             for why, rs in alike.items()]
+    text = f"Culprits: look at {report.rank_word(culprits)} first. {report._cap('; '.join(parts))}."
     if others:
-        text += (f" The other {len(others)} rank{'s' if len(others) != 1 else ''} involved "
-                 f"({report.short_ranks(others)}) only wait, directly or through others, on "
-                 f"{'it' if len(culprits) == 1 else 'them'}.")
+        who = (f"The other rank involved ({others[0]}) only waits" if len(others) == 1 else
+               f"The other {len(others)} ranks involved ({report.short_ranks(others)}) only wait")
+        text += f" {who}, directly or through others, on {'it' if len(culprits) == 1 else 'them'}."
     return text
