@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from colltrace import frdump
-
 ROOT = Path(__file__).resolve().parents[2]
 GLOO = ROOT / "tests" / "fixtures" / "fr-gloo"
 NVRX_CASES = ["gpu_error_1st", "gpu_error_2nd", "lock_gil_1st", "lock_gil_2nd"]
@@ -87,7 +85,7 @@ def test_prefix_chooses_among_several(tmp_path):
     assert cli("analyze", tmp_path, "--prefix", "other_").returncode == 0
 
 
-@pytest.mark.parametrize("content", [None, b"hello\n", b'{"not": "a dump"}', b"\x80\x04K\x01."])
+@pytest.mark.parametrize("content", [None, b"hello\n", b'{"not": "a dump"}', b"\x80\x04K\x01.", b"\x80\x04\x95\x10"])
 def test_empty_or_foreign_folder_is_exit_2_naming_the_file(tmp_path, content):
     if content is not None:
         (tmp_path / "dump_0").write_bytes(content)
@@ -106,6 +104,8 @@ class _Boom:
 
 
 def test_a_pickle_that_would_run_code_is_refused(tmp_path):
+    from colltrace import frdump
+
     (tmp_path / "nccl_trace_rank_0").write_bytes(pickle.dumps({"version": "2.9", "entries": [_Boom()]}))
     with pytest.raises(frdump.DumpError, match="refuses to load"):
         frdump.read(str(tmp_path))
@@ -130,6 +130,7 @@ def _dumps(last: dict, version="2.4", n=3) -> dict:
 @pytest.mark.parametrize("field,odd", [("sizes", _entry(2, sizes=((4,),))), ("dtypes", _entry(2, dtypes=("Half",))),
                                        ("op", _entry(2, op="broadcast"))])
 def test_mismatch_of_sizes_dtypes_or_op_is_found_in_nccl_dumps(field, odd):
+    from colltrace import frdump
     from colltrace.analysis import analyze, culprits
 
     snap = frdump.to_snapshot(_dumps({1: odd}))
@@ -141,6 +142,7 @@ def test_mismatch_of_sizes_dtypes_or_op_is_found_in_nccl_dumps(field, odd):
 
 def test_older_versions_without_collective_seq_id_or_is_p2p_are_read():
     """Version 2.0/2.1 dumps (torch 2.4): `seq_id`, no is_p2p, no pg_status, no dtypes."""
+    from colltrace import frdump
     from colltrace.analysis import analyze
 
     def old(seq, **kw):
@@ -158,6 +160,7 @@ def test_older_versions_without_collective_seq_id_or_is_p2p_are_read():
 
 def test_cross_group_wait_cycle_is_a_deadlock_in_dumps():
     """Rank 0 waits in group A for rank 1, which waits in group B for rank 0."""
+    from colltrace import frdump
     from colltrace.analysis import analyze, culprits
 
     cfg = {"A": {"name": "A", "desc": "", "ranks": "[0, 1]"}, "B": {"name": "B", "desc": "", "ranks": "[0, 1]"}}
@@ -171,3 +174,32 @@ def test_cross_group_wait_cycle_is_a_deadlock_in_dumps():
     assert [f["kind"] for f in fs] == ["deadlock"]
     assert {c["group"] for c in fs[0]["cycle"]} == {"A", "B"}
     assert culprits.explain(fs)["culprits"] in ([0], [1])
+
+
+def test_colltrace_traces_get_culprits_too():
+    """The distillation example's checkpoint_barrier hang, as `colltrace run --on-hang abort` left
+    it: ranks 0-2 wait in the checkpoint barrier that the teacher (rank 3) never calls."""
+    rc, out = analyze_json(ROOT / "tests" / "fixtures" / "distill-checkpoint-barrier")
+    assert rc == 1 and [f["kind"] for f in out["findings"]] == ["deadlock"]
+    assert out["culprits"] == [0, 1, 2]
+    first = cli("analyze", ROOT / "tests" / "fixtures" / "distill-checkpoint-barrier").stdout.splitlines()[0]
+    assert first.startswith("Culprits: look at ranks 0-2 first.") and "rank 3" in first
+
+
+def test_unmatched_send_in_dumps_names_the_peer():
+    """Rank 0 sends to rank 1 twice; rank 1 posted one recv (done): the second send is unmatched."""
+    from colltrace import frdump
+    from colltrace.analysis import analyze, culprits
+
+    cfg = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}}
+
+    def p2p(i, name, **kw):
+        return _entry(1, op=name, is_p2p=True, p2p_seq_id=i, record_id=10 + i, **kw)
+    dumps = {0: {"version": "2.9", "pg_config": cfg,
+                 "entries": [p2p(1, "send 0->1", state="completed"), p2p(2, "send 0->1")]},
+             1: {"version": "2.9", "pg_config": cfg, "entries": [p2p(1, "recv 1<-0", state="completed")]}}
+    snap = frdump.to_snapshot(dumps)
+    fs = analyze(snap, stall_s=0.0, now=snap["taken_at"])
+    unmatched = [f for f in fs if f["kind"] == "unmatched_p2p"]
+    assert len(unmatched) == 1 and unmatched[0]["rank"] == 0 and unmatched[0]["peer"] == 1
+    assert culprits.explain(fs)["culprits"] == [1]
