@@ -99,13 +99,14 @@ def _waiters(f: dict) -> set[int]:
 
 
 def explain(findings: list[dict]) -> dict:
-    """{"culprits": sorted ranks, "reasons": {rank: [why, ...]}, "paragraph": text ("" when none)}."""
+    """{"culprits": sorted ranks, "reasons": {rank: [why, ...]}, "others": the ranks that only wait,
+    "consequences": keys of the findings that name no culprit, "paragraph": text ("" when none)}."""
     hang = [f for f in findings if isinstance(f, dict) and f.get("kind") != "duplicate_data"]
     by: dict[str, dict[int, list[str]]] = {"root": {}, "lag": {}, "backend": {}}
-    for f in hang:
-        strength, ranks, why = _roots(f)
+    for f, (strength, ranks, why) in [(f, _roots(f)) for f in hang]:
         for r in ranks if strength else ():
             by[strength].setdefault(r, []).append(why)
+    named = [(f, _roots(f)) for f in hang]
     waiting = set().union(*(_waiters(f) for f in hang)) if hang else set()
     chosen = dict(by["root"])
     for r, why in by["lag"].items():
@@ -123,7 +124,9 @@ def explain(findings: list[dict]) -> dict:
                         all(isinstance(x, int) for x in f.get("waiting")) else [])
     others = sorted(involved - set(culprits))
     reasons = {str(r): sorted(set(chosen[r]), key=chosen[r].index) for r in culprits}
-    return {"culprits": culprits, "reasons": reasons, "others": others,
+    # findings that name no culprit as their own root: work stuck behind the culprits
+    consequences = [f.get("key") for f, (_, ranks, _) in named if not set(ranks) & set(culprits)]
+    return {"culprits": culprits, "reasons": reasons, "others": others, "consequences": consequences,
             "paragraph": paragraph(culprits, reasons, others)}
 
 

@@ -36,8 +36,20 @@ class AnalyzeCommand:
             json.dump({"findings": findings, "culprits": verdict["culprits"]}, sys.stdout, indent=2, default=str)
             sys.stdout.write("\n")
         else:
-            text = render_report(findings)
-            if verdict["paragraph"]:
-                text = verdict["paragraph"] + "\n\n" + text
+            text = self._text(findings, verdict, render_report)
             sys.stdout.write(text + "\n")
         return 1 if findings else 0
+
+    @staticmethod
+    def _text(findings, verdict, render_report) -> str:
+        """The culprits first; findings that are only work stuck behind them (NCCL queues a whole
+        step behind one stuck rank) are counted, not printed: --json lists every one."""
+        if not verdict["paragraph"]:
+            return render_report(findings)
+        behind = set(verdict["consequences"])
+        shown = [f for f in findings if f.get("key") not in behind]
+        text = verdict["paragraph"] + "\n\n" + render_report(shown)
+        if len(shown) < len(findings):
+            text += (f"\n\n{len(findings) - len(shown)} more findings are collectives stuck behind the culprits "
+                     f"on the other ranks (every member arrived; the work never completes): see --json.")
+        return text
