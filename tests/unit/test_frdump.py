@@ -47,7 +47,12 @@ def test_nvrx_culprits_are_the_injected_fault_ranks(case):
     text = cli("analyze", d).stdout
     first = text.splitlines()[0]
     assert first.startswith("Culprits: look at ranks ") and f"{truth[0]},{truth[1]}" in first, first
-    assert "only wait" in first and re.sub(r"\s+", "", first).count("involved") == 1
+    assert "only wait" in first
+    # the report prints the culprits' findings and counts the ones only stuck behind them
+    shown = len(re.findall(r"^\[\d+\] ", text, re.M))
+    hidden = re.search(r"^(\d+) more findings are collectives stuck behind the culprits", text, re.M)
+    assert shown + (int(hidden.group(1)) if hidden else 0) == len(out["findings"])
+    assert shown < len(out["findings"]) or case == "lock_gil_1st"
 
 
 def test_gloo_mismatch_names_the_odd_rank_and_its_op():
