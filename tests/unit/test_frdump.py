@@ -208,3 +208,19 @@ def test_unmatched_send_in_dumps_names_the_peer():
     unmatched = [f for f in fs if f["kind"] == "unmatched_p2p"]
     assert len(unmatched) == 1 and unmatched[0]["rank"] == 0 and unmatched[0]["peer"] == 1
     assert culprits.explain(fs)["culprits"] == [1]
+
+
+def test_p2p_wait_cycle_is_a_deadlock_in_dumps():
+    """Both ranks receive first from each other: neither ever sends."""
+    from colltrace import frdump
+    from colltrace.analysis import analyze
+
+    cfg = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}}
+    dumps = {r: {"version": "2.9", "pg_config": cfg,
+                 "entries": [_entry(1, state="completed"),
+                             _entry(1, op=f"recv {r}<-{1 - r}", is_p2p=True, p2p_seq_id=1, record_id=5)]}
+             for r in range(2)}
+    snap = frdump.to_snapshot(dumps)
+    fs = analyze(snap, stall_s=0.0, now=snap["taken_at"])
+    assert [f["kind"] for f in fs] == ["deadlock"]
+    assert all(c["p2p"] for c in fs[0]["cycle"]) and len(fs[0]["cycle"]) == 2
