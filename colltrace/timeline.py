@@ -1,9 +1,9 @@
 """Chrome trace event JSON (opens in ui.perfetto.dev and chrome://tracing) of a snapshot and its
 findings: one process per rank, one thread track per traced thread, each collective a slice.
 
-Pure: plain data in, a dict out. Times are microseconds from the first record (`otherData.t0`
+Pure: plain data in, a dict out. Times are whole microseconds from the first record (`otherData.t0`
 holds that unix time). Slices on one track must nest, so ops that overlap without nesting (async
-ops, NCCL work queued behind each other) go to extra tracks of the same thread ("main ·2").
+ops) go to extra tracks of the same thread ("main ·2"); work queued until the end nests.
 A collective that never finished is drawn to the moment the snapshot describes, named
 "… (never completed)" and marked `args.unfinished`. Findings are instant events: one on the
 whole trace, one on each rank it involves, one more on each culprit.
@@ -39,8 +39,9 @@ def build(snap: dict, findings: list[dict], culprits: list[int] | None = None) -
              if isinstance(r, dict) and isinstance(r.get("entered_at"), (int, float))]
     t0 = min(times) if times else taken_at
 
-    def us(t: float) -> float:
-        return round((t - t0) * 1e6, 3)
+    def us(t: float) -> int:
+        # whole microseconds: a slice's end (ts + dur) is then exact, and nested ones stay nested
+        return int(round((t - t0) * 1e6))
 
     events: list[dict] = []
     culprits = sorted(culprits or [])
@@ -51,7 +52,7 @@ def build(snap: dict, findings: list[dict], culprits: list[int] | None = None) -
             label += f" [{entry['status']}]"
         events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": label}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
-        lanes: dict[str, list[float]] = {}    # thread -> end of the last slice on each of its tracks
+        lanes: dict[str, list[list[float]]] = {}   # thread -> per track, the ends of its open slices
         tids: dict[tuple[str, int], int] = {}
         for r in sorted((r for r in entry.get("records") or () if isinstance(r, dict)),
                         key=lambda r: (float(r.get("entered_at") or 0.0), str(r.get("id")))):
@@ -59,13 +60,18 @@ def build(snap: dict, findings: list[dict], culprits: list[int] | None = None) -
             end, open_ = _end(r, taken_at)
             end = max(end, start)
             thread = str(r.get("thread") or "main")
-            ends = lanes.setdefault(thread, [])
-            lane = next((i for i, e in enumerate(ends) if e <= start), None)
+            stacks = lanes.setdefault(thread, [])
+            lane = None
+            for i, open_ends in enumerate(stacks):
+                while open_ends and open_ends[-1] <= start:
+                    open_ends.pop()
+                if not open_ends or end <= open_ends[-1]:   # after the last slice, or nested in it
+                    lane = i
+                    break
             if lane is None:
-                lane = len(ends)
-                ends.append(end)
-            else:
-                ends[lane] = end
+                lane = len(stacks)
+                stacks.append([])
+            stacks[lane].append(end)
             tid = tids.get((thread, lane))
             if tid is None:
                 tid = tids[(thread, lane)] = len(tids) + 1
@@ -87,7 +93,7 @@ def build(snap: dict, findings: list[dict], culprits: list[int] | None = None) -
                 args["error"] = r["error"]
             events.append({"ph": "X", "name": _name(r) + (" (never completed)" if open_ else ""),
                            "cat": "collective" + (",unfinished" if open_ else ""), "pid": rank, "tid": tid,
-                           "ts": us(start), "dur": round((end - start) * 1e6, 3), "args": args})
+                           "ts": us(start), "dur": us(end) - us(start), "args": args})
         if not tids:   # a rank with no record still gets its track
             events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": 1, "args": {"name": "main"}})
     for i, f in enumerate(findings):

@@ -106,9 +106,10 @@ def test_flight_recorder_dumps_export_too(tmp_path):
     assert doc["otherData"]["source"] == "flight_recorder" and doc["otherData"]["culprits"] == [1]
 
 
-def test_overlapping_async_work_goes_to_extra_tracks_of_the_thread(tmp_path):
-    """NCCL dumps hold many ops queued behind each other on one thread: still a valid trace."""
-    import re
+def test_nccl_dumps_export_every_entry_and_queued_work_nests(tmp_path):
+    """NVIDIA's 16-rank dumps: one slice per recorder entry, none completed (the dumps hold only
+    active work), all drawn to the end; work queued behind each other nests on one track."""
+    import pickle
 
     for base in (ROOT.parent, ROOT.parent.parent):
         d = base / "shared" / "data" / "flight-recorder-dumps" / "nvrx-16rank" / "gpu_error_1st"
@@ -117,11 +118,27 @@ def test_overlapping_async_work_goes_to_extra_tracks_of_the_thread(tmp_path):
     else:
         pytest.fail("shared/ Flight Recorder dumps not found beside the checkout")
     doc = export(d, tmp_path)
-    assert len(names(doc)) == 16
-    threads = {(e["pid"], e["args"]["name"]) for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert any(re.search(r" ·\d+$", n) for _, n in threads)
-    entries = sum(len(__import__("pickle").load(open(d / f"_dump_{r}", "rb"))["entries"]) for r in range(16))
-    assert len(xs(doc)) == entries
+    assert sorted(names(doc)) == list(range(16))
+    entries = {r: pickle.load(open(d / f"_dump_{r}", "rb"))["entries"] for r in range(16)}
+    assert collections.Counter(e["pid"] for e in xs(doc)) == {r: len(v) for r, v in entries.items() if v}
+    assert all(e["args"]["unfinished"] for e in xs(doc))
+    tracks = {(e["pid"], e["tid"]) for e in xs(doc)}
+    threads = {(r, e["thread_name"]) for r, v in entries.items() for e in v}
+    assert len(tracks) == len(threads)          # nested, not one track per op
+
+
+def test_overlapping_async_work_goes_to_an_extra_track_of_the_thread():
+    from colltrace import timeline
+
+    def rec(i, t0, t1):
+        return {"id": i, "group": "0", "seq": i, "op": "all_reduce", "state": "completed", "entered_at": t0,
+                "completed_at": t1, "thread": "MainThread", "frames": []}
+    snap = {"taken_at": 10.0, "ranks": {"0": {"records": [rec(1, 1.0, 3.0), rec(2, 2.0, 4.0), rec(3, 5.0, 6.0)]}}}
+    doc = timeline.build(snap, [])
+    assert problems(doc) == []
+    tid = {e["name"]: e["tid"] for e in xs(doc)}
+    assert tid["all_reduce #1"] == tid["all_reduce #3"] != tid["all_reduce #2"]
+    assert {e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"} == {"MainThread", "MainThread ·2"}
 
 
 def test_the_validator_rejects_what_perfetto_would_not_read():
