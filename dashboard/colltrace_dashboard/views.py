@@ -47,19 +47,11 @@ def _int_ranks(table: dict) -> list[tuple[int, dict]]:
 
 # -- findings -----------------------------------------------------------------------------------
 def _stack_classes(finding: dict) -> tuple[list[dict], str | None]:
-    """report.render_stack_classes (the CLI's text) as rows: [{"ranks", "stack"}], and its
-    "… N more classes" line."""
-    rows, more = [], None
-    text = report.render_stack_classes(finding)
-    for line in text.splitlines()[1:]:
-        line = line.strip()
-        if line.startswith("…"):
-            more = line.lstrip("… ").strip()
-            continue
-        head, sep, label = line.partition(":")
-        if sep:
-            rows.append({"ranks": head.strip(), "stack": label.strip()})
-    return rows, more
+    """The finding's stack classes, from the reporter's data (the CLI's text is rendered from
+    the same rows): [{"ranks", "stack"}], and the "N more classes" note."""
+    rows, more = report.stack_classes(finding)
+    note = f"{more['classes']} more classes ({more['ranks']} ranks)" if more else None
+    return [{"ranks": row["ranks_text"], "stack": row["stack"]} for row in rows], note
 
 
 def finding_view(finding: dict) -> dict:
@@ -76,7 +68,8 @@ def finding_view(finding: dict) -> dict:
     return {"kind": str(finding.get("kind") or "finding"), "key": str(finding.get("key") or text[:80]),
             "detected_at": _num(finding.get("detected_at")), "group": group.get("name"), "seq": finding.get("seq"),
             "missing_ranks": format_ranks(missing) if all(isinstance(r, int) for r in missing) else "",
-            "paragraph": text, "stacks": stacks, "more_stacks": more}
+            "paragraph": text, "stacks": stacks, "more_stacks": more,
+            "look_first": finding.get("look_first") if isinstance(finding.get("look_first"), dict) else None}
 
 
 # -- ranks ----------------------------------------------------------------------------------------
