@@ -32,12 +32,15 @@ def _compact(raw: dict | None) -> dict | None:
             if k in raw}
 
 
+UNTRACED_SITE = ("untraced",)
+
+
 def _site(view: RankView | None, raw) -> tuple:
     """A call site: the op and the chain of the rank's own frames (file, line) that made it."""
     if not isinstance(raw, dict):
         return ("?",)
     if raw.get("op") == "untraced" or raw.get("untraced"):
-        return ("untraced",)   # torch's own C++ collectives (DDP's all-reduces): one routine site
+        return UNTRACED_SITE   # torch's own C++ collectives (DDP's all-reduces): one routine site
     frames = view.origins.user_frames(raw.get("frames")) if view is not None else []
     return (raw.get("op"),) + tuple((f.get("file"), f.get("line")) for f in frames)
 
@@ -241,7 +244,6 @@ class Verdicts:
             last = _compact(v.last_record())
             if last:
                 e["last"] = last
-        self._mark_origins(v, e)
         e["status"] = v.status
         if v.host is not None:
             e["host"] = v.host
@@ -255,6 +257,7 @@ class Verdicts:
                 e["stack"] = v.stack
                 if rec is None:
                     e["frames"] = v.stack
+        self._mark_origins(v, e)
         return e
 
     def _frames(self, v: RankView, frames):
@@ -305,7 +308,7 @@ class Verdicts:
             except (TypeError, ValueError):
                 continue
             chain.append(r)
-        same = other = seen = 0
+        same = other = 0
         sites = [_site(v, r) for r in chain]
         for a, b in zip(sites, sites[1:] + ([here] if here is not None else [])):
             if here is not None and a == here:
@@ -314,6 +317,15 @@ class Verdicts:
                 else:
                     other += 1
         seen = sum(1 for x in sites if x == cur)
+        if here == UNTRACED_SITE:
+            # torch's own collectives in a row (DDP's all-reduces, step after step): each one
+            # followed by another is an earlier iteration at this point
+            runs = self._untraced_runs(v, str(group), seq, chain + ([prev] if prev is not None else []))
+            if cur == UNTRACED_SITE:
+                same += runs
+                seen += runs
+            else:
+                other += runs
         if same:
             return "same"
         if other:
@@ -322,15 +334,92 @@ class Verdicts:
             return "same"
         return "new" if len(chain) >= 2 else None
 
+    def group_pattern(self, raw) -> str | None:
+        """pattern() for the group's ops: after the op at the number just before this one, which
+        op came next in earlier iterations. Marks as in pattern()."""
+        try:
+            group, seq, op = str(raw["group"]), to_int(raw["seq"]), str(raw.get("op"))
+        except (KeyError, TypeError, ValueError):
+            return None
+        ops = self._group_ops(group, seq)
+        here = ops.get(seq - 1)
+        if here is None:
+            return None
+        same = other = 0
+        for p, o in ops.items():
+            nxt = ops.get(p + 1)
+            if o == here and nxt is not None and p + 1 < seq:
+                if nxt == op:
+                    same += 1
+                else:
+                    other += 1
+        if same:
+            return "same"
+        if other:
+            return "left"
+        return "new" if sum(1 for o in ops.values() if o == op) == 0 and len(ops) >= 2 else None
+
+    def _group_ops(self, group: str, seq: int) -> dict[int, str]:
+        """Number -> op for the group's collectives before `seq`, from any member that knows."""
+        key = (group, seq)
+        cache = self.__dict__.setdefault("_ops_cache", {})
+        if key in cache:
+            return cache[key]
+        ops: dict[int, str] = {}
+        for m in self.snap.members(group)[:ROUTINE_SAMPLE]:
+            v = self.snap.ranks.get(m)
+            if v is None:
+                continue
+            for r in v.records[-ROUTINE_WINDOW:]:
+                try:
+                    if r.get("group") != group or r.get("p2p") or r.get("op") == "untraced":
+                        continue
+                    s0, s1 = to_int(r["seq"]), to_int(r.get("seq_end", r["seq"]))
+                except (AttributeError, KeyError, TypeError, ValueError):
+                    continue
+                if s0 == s1 and s0 < seq:
+                    ops.setdefault(s0, str(r.get("op")))
+            for u in v.untraced:
+                try:
+                    if str(u["group"]) == group and to_int(u["seq"]) < seq:
+                        ops.setdefault(to_int(u["seq"]), str(u.get("op")))
+                except (KeyError, TypeError, ValueError):
+                    continue
+        cache[key] = ops
+        return ops
+
+    @staticmethod
+    def _untraced_runs(v: RankView, group: str, seq: int, recs) -> int:
+        """How many times, before number `seq`, an untraced collective on the group was followed
+        by another: within the untraced blocks of the records and the Flight Recorder's list."""
+        n = 0
+        for r in recs:
+            if isinstance(r, dict) and r.get("op") == "untraced" and not r.get("untraced"):
+                try:
+                    n += max(0, min(to_int(r.get("seq_end", r["seq"])), seq - 1) - to_int(r["seq"]))
+                except (KeyError, TypeError, ValueError):
+                    continue
+        fr = set()
+        for u in v.untraced:
+            try:
+                if str(u["group"]) == group and to_int(u["seq"]) < seq:
+                    fr.add(to_int(u["seq"]))
+            except (KeyError, TypeError, ValueError):
+                continue
+        return n + sum(1 for s in fr if s + 1 in fr)
+
     def odd_ones(self, classes: list[tuple[list[int], dict]]) -> tuple[int | None, str]:
         """Which class of ranks left its established pattern: (index, reason). Reasons: "left"
         (it made another call at this point before), "new" (a call it never made), "minority"
         (no history tells; the fewest ranks), "undecided" (neither history nor numbers tell)."""
         marks = [self.pattern(rs[0], raw) for rs, raw in classes]
-        for strong in ("left", "new"):
-            odd = [i for i, m in enumerate(marks) if m == strong]
-            if len(odd) == 1 and any(m == "same" for m in marks):
-                return odd[0], strong
+        # Each rank's own call sites first; then the group's ops, which every member shared up to
+        # this point (any member's records, or its Flight Recorder, tell what all of them did).
+        for ms in (marks, [self.group_pattern(raw) for _, raw in classes]):
+            for strong in ("left", "new"):
+                odd = [i for i, m in enumerate(ms) if m == strong]
+                if len(odd) == 1 and any(m == "same" for m in ms):
+                    return odd[0], strong
         sizes = sorted(len(rs) for rs, _ in classes)
         if len(sizes) > 1 and sizes[0] < sizes[1]:
             return min(range(len(classes)), key=lambda i: len(classes[i][0])), "minority"

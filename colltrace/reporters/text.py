@@ -152,10 +152,18 @@ def call_site(frames) -> str | None:
     "distributed.py:57 (gather_batch), called from train.py:100 (serve_teacher)". The caller is
     the nearest frame in another file (the way into the helper's module), else the direct one."""
     loc = user_location(frames)
-    chain = user_frames(frames)
-    if loc and len(chain) > 1:
-        inner = chain[-1].get("file")
-        caller = next((f for f in reversed(chain[:-1]) if f.get("file") != inner), chain[-2])
+    i = _innermost_user(frames)
+    if not loc or i is None:
+        return loc
+    # the user's frames calling straight into it (a framework's loop in between is no caller)
+    chain = []
+    j = i - 1
+    while j >= 0 and _is_user(frames[j]):
+        chain.append(frames[j])
+        j -= 1
+    if chain:
+        inner = frames[i].get("file")
+        caller = next((f for f in chain if f.get("file") != inner), chain[0])
         loc += f", called from {frame_text(caller)}"
     return loc
 
@@ -560,11 +568,12 @@ def _advice_mismatch(f: dict, look: dict) -> str:
     loc = call_site((table.get(str(look.get("rank"))) or {}).get("frames")) or "the call"
     loc2 = user_location((table.get(str(sorted(other["ranks"])[0])) or {}).get("frames")) if other["ranks"] else None
     who, them = rank_word(mine["ranks"]), rank_word(other["ranks"])
+    at = f" (at {loc2})" if loc2 else ""
     if "op" in (f.get("differs") or []):
-        what = f"{mine.get('op')} where {them} {_verb(other['ranks'], 'calls', 'call')} {other.get('op')} (at {loc2 or 'theirs'})"
+        what = f"{mine.get('op')} where {them} {_verb(other['ranks'], 'calls', 'call')} {other.get('op')}{at}"
     else:
         fields = _and([d.replace("_", " ") for d in f.get("differs") or ["?"]])
-        what = f"{mine.get('op')} with different {fields} than {them} (at {loc2 or 'theirs'})"
+        what = f"{mine.get('op')} with different {fields} than {them}{at}"
     return (f"Look first at {loc}: {who} {_verb(mine['ranks'], 'calls', 'call')} {what}, as collective #{seq} on "
             f"group {g}." + _history_clause(dict(look, ranks=mine["ranks"], versus=look.get("versus") or other["ranks"])))
 
