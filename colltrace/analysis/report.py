@@ -2,6 +2,6 @@
 the commands and the dashboard, which import it from this place."""
 from colltrace.reporters.text import (  # noqa: F401
     MAX_CLASSES, PENDING_STATES, call_site, classes, format_ranks, frame_text, group_phrase, op_phrase, paragraph,
-    rank_word, render_report, render_stack_classes, seconds, short_ranks, stack_classes, summarize, user_frames,
+    located, rank_word, render_report, render_stack_classes, seconds, short_ranks, stack_classes, summarize, user_frames,
     user_location, where,
 )

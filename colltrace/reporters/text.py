@@ -11,7 +11,7 @@ import os
 import re
 from collections import Counter
 
-from colltrace.origins import FRAMEWORK, USER, origin_of
+from colltrace.origins import FRAMEWORK, USER, for_roots, origin_of
 
 PENDING_STATES = ("waiting", "in_flight")
 MAX_CLASSES = 12          # stack classes shown per finding; the rest are counted
@@ -145,6 +145,14 @@ def user_location(frames) -> str | None:
         return f"{fw.get('package') or 'a library'}'s {frame_text(fw)} (no frame of your code on the stack)"
     last = frames[-1]
     return f"{frame_text(last)} (no frame of your code on the stack)" if isinstance(last, dict) else None
+
+
+def located(frames, roots) -> str | None:
+    """user_location of frames straight from a trace (no origins marked yet), classified
+    against the rank's recorded roots (colltrace.origins)."""
+    if not frames or not isinstance(frames, list) or (type(frames[-1]) is dict and "origin" in frames[-1]):
+        return user_location(frames)
+    return user_location(for_roots(roots).annotate(frames))
 
 
 def call_site(frames) -> str | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from colltrace.analysis import report
-from colltrace.analysis.report import format_ranks, short_ranks, user_location
+from colltrace.analysis.report import format_ranks, located, short_ranks
 
 MAX_RANK_CLASSES = 40      # rows of the rank view; the rest are counted
 MAX_GROUPS = 24            # groups listed; groups beyond that whose members are in step are counted
@@ -88,12 +88,12 @@ def rank_state(entry: dict, now: float) -> dict:
     if current is not None:
         out.update(state=current.get("state"), op=current.get("op"), group=current.get("group"),
                    seq=current.get("seq"), peer=current.get("peer") if current.get("p2p") else None,
-                   where=user_location(current.get("frames")))
+                   where=located(current.get("frames"), entry.get("roots")))
         entered = _num(current.get("entered_at"))
         if entered is not None and status not in GONE:
             out["waiting_s"] = max(0.0, now - entered)
     elif entry.get("stack"):
-        out["where"] = user_location(entry.get("stack"))   # live stack: where a rank in no collective is
+        out["where"] = located(entry.get("stack"), entry.get("roots"))   # live stack: where a rank in no collective is
     if status == "unreadable":
         out["where"] = str(entry.get("error") or "unreadable")
     return out
@@ -196,13 +196,13 @@ def _natural(s: str):
 
 
 # -- timeline ---------------------------------------------------------------------------------------
-def _event(r: dict, now: float, alive: bool) -> dict:
+def _event(r: dict, now: float, alive: bool, roots=None) -> dict:
     entered = _num(r.get("entered_at"))
     done = _num(r.get("completed_at"))
     out = {"op": str(r.get("op") or "?"), "group": r.get("group"), "seq": r.get("seq"), "seq_end": r.get("seq_end"),
            "state": str(r.get("state") or "?"), "p2p": bool(r.get("p2p")), "peer": r.get("peer"),
            "count": r.get("count") or 1, "entered_at": entered, "duration_s": None, "waiting_s": None,
-           "where": user_location(r.get("frames"))}
+           "where": located(r.get("frames"), roots)}
     if entered is not None and done is not None:
         out["duration_s"] = max(0.0, done - entered)
     elif entered is not None and r.get("state") in PENDING and alive:
@@ -219,7 +219,7 @@ def timeline_view(snap: dict, now: float) -> dict:
         row = rows.get(sig)
         if row is None:
             alive = entry.get("status") not in GONE
-            rows[sig] = {"ranks": [rank], "events": [_event(r, now, alive) for r in recs]}
+            rows[sig] = {"ranks": [rank], "events": [_event(r, now, alive, entry.get("roots")) for r in recs]}
         else:
             row["ranks"].append(rank)
     ordered = sorted(rows.values(), key=lambda r: r["ranks"][0])

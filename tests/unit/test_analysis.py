@@ -761,3 +761,18 @@ def test_a_deadlock_blames_the_waiter_that_left_its_pattern_not_the_rank_at_its_
     f = only(analyze(job.snap(), STALL, T + 40), "deadlock")
     assert f["look_first"]["rank"] == 0 and f["look_first"]["reason"] == "left"
     assert f["advice"].startswith("Look first at model.py:42 (training_step)"), f["advice"]
+
+
+def test_user_packages_setting_reaches_the_recorded_roots():
+    from colltrace import config
+
+    s = config.load({"COLLTRACE": "1", "COLLTRACE_USER_PACKAGES": " mylib, other_lib ,bad-name"})
+    assert s.user_packages == ("mylib", "other_lib") and any("bad-name" in w for w in s.warnings)
+    roots = origins.local_roots(s.user_packages)
+    assert roots["user_packages"] == ["mylib", "other_lib"]
+    import pytest as installed   # an installed package: a framework, unless named as the user's
+    path = installed.__file__
+    assert origins.Origins(origins.local_roots()).classify(path) == ("framework", "pytest")
+    assert origins.Origins(origins.local_roots(["pytest"])).classify(path) == ("user", None)
+    assert origins.Origins(origins.local_roots()).classify(origins.__file__) == ("internal", "colltrace")
+    assert origins.Origins(origins.local_roots()).classify(json.__file__) == ("internal", "python")
