@@ -45,6 +45,22 @@ def _site(view: RankView | None, raw) -> tuple:
     return (raw.get("op"),) + tuple((f.get("file"), f.get("line")) for f in frames)
 
 
+def _frame_refs(f: dict) -> None:
+    """Point look_first at frames: the index, in its rank's `frames`, of the user's innermost own
+    frame ("user_frame") and of the framework call it went through ("framework_frame"); None
+    where there is none."""
+    look = f.get("look_first")
+    if not isinstance(look, dict) or look.get("rank") is None:
+        return
+    frames = ((f.get("ranks") or {}).get(str(look["rank"])) or {}).get("frames")
+    frames = frames if isinstance(frames, list) else []
+    i = next((n for n in range(len(frames) - 1, -1, -1)
+              if isinstance(frames[n], dict) and frames[n].get("origin") == "user"), None)
+    nxt = frames[i + 1] if i is not None and i + 1 < len(frames) else None
+    look["user_frame"] = i
+    look["framework_frame"] = i + 1 if isinstance(nxt, dict) and nxt.get("origin") == "framework" else None
+
+
 class Verdicts:
     def __init__(self, snap: Snapshot, stall_s: float, now: float):
         self.snap = snap
@@ -87,6 +103,7 @@ class Verdicts:
                 f["behind"] = behind
         out = []
         for f, _, _ in made:
+            _frame_refs(f)
             if self.snap.unreadable:
                 f["unreadable_ranks"] = list(self.snap.unreadable)
                 f["unreadable"] = {str(r): e for r, e in self.snap.unreadable.items()}

@@ -58,6 +58,10 @@ def test_a_hang_in_the_users_code_is_named_by_the_users_line_first(torchrun_job,
     assert f"{mine} ({'log_metrics' if marker == 'acc_gather' else 'main' if script.startswith('acc') else 'training_step'}) calling {api}" in f["advice"]
     # ... on the rank that left its pattern, not on the one doing its routine step
     assert f["look_first"]["rank"] == 0 and f["look_first"]["reason"] in ("left", "new"), f["look_first"]
+    frames = f["ranks"]["0"]["frames"]   # the facts point at the frames the text names
+    user, via = frames[f["look_first"]["user_frame"]], frames[f["look_first"]["framework_frame"]]
+    assert f"{os.path.basename(user['file'])}:{user['line']}" == mine and user["origin"] == "user"
+    assert via["origin"] == "framework" and api.startswith(via["package"] + ".")
     assert "rank 0 calls" in f["advice"]
     text = job.err
     assert f"Look first at {mine}" in text

@@ -735,6 +735,8 @@ def test_one_against_one_blames_the_rank_that_left_its_own_pattern(odd):
     job.op(1 - odd, "0", 7, "all_reduce", "waiting", at="train.py:10", func="step", t=T)
     f = only(analyze(job.snap(), STALL, T + 1), "mismatch")
     assert f["look_first"]["rank"] == odd and f["look_first"]["reason"] == "left"
+    assert f["look_first"]["user_frame"] == 1 and f["look_first"]["framework_frame"] is None
+    assert [x["origin"] for x in f["ranks"][str(odd)]["frames"]] == ["user", "user", "internal", "internal"]
     assert f["advice"].startswith("Look first at model.py:42 (training_step)"), f["advice"]
     assert f"rank {odd} calls barrier where rank {1 - odd} calls all_reduce" in f["advice"]
     assert f"In earlier iterations rank {odd} made another call at this point: it left its own pattern" in f["advice"]
