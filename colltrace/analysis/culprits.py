@@ -1,7 +1,7 @@
 """The culprits: the ranks whose own state explains every other rank's wait (root cause, not
 consequences), read from the findings alone.
 
-    c = culprits.explain(findings)    # {"culprits": [12, 14], "reasons": {...}, "paragraph": "..."}
+    c = culprits.explain(findings)    # {"culprits": [12, 14], "reasons": {...}, "others": [...], ...}
 
 Findings already follow the wait graph to where each wait starts (a rank that only waits for
 another is credited to that one's problem), so each names its own root:
@@ -19,7 +19,7 @@ No table of framework group names: only groups, sequence numbers and who waits o
 """
 from __future__ import annotations
 
-from colltrace.analysis import report
+from colltrace.reporters import text as report   # rank lists and joins in the reasons
 
 CERTAIN = ("mismatch", "dead_rank", "deadlock")
 
@@ -100,7 +100,8 @@ def _waiters(f: dict) -> set[int]:
 
 def explain(findings: list[dict]) -> dict:
     """{"culprits": sorted ranks, "reasons": {rank: [why, ...]}, "others": the ranks that only wait,
-    "consequences": keys of the findings that name no culprit, "paragraph": text ("" when none)}."""
+    "consequences": keys of the findings that name no culprit}; reporters.text.culprit_paragraph
+    renders it."""
     hang = [f for f in findings if isinstance(f, dict) and f.get("kind") != "duplicate_data"]
     by: dict[str, dict[int, list[str]]] = {"root": {}, "lag": {}, "backend": {}}
     for f, (strength, ranks, why) in [(f, _roots(f)) for f in hang]:
@@ -126,27 +127,5 @@ def explain(findings: list[dict]) -> dict:
     reasons = {str(r): sorted(set(chosen[r]), key=chosen[r].index) for r in culprits}
     # findings that name no culprit as their own root: work stuck behind the culprits
     consequences = [f.get("key") for f, (_, ranks, _) in named if not set(ranks) & set(culprits)]
-    return {"culprits": culprits, "reasons": reasons, "others": others, "consequences": consequences,
-            "paragraph": paragraph(culprits, reasons, others)}
+    return {"culprits": culprits, "reasons": reasons, "others": others, "consequences": consequences}
 
-
-def paragraph(culprits: list[int], reasons: dict, others: list[int]) -> str:
-    """"Culprits: look at ranks 12,14 first. Rank 12 never entered ...; rank 14 did not complete
-    .... The other 14 ranks involved (0-11,13,15) only wait, directly or through others, on them."
-    Culprits with the same reason share one sentence."""
-    if not culprits:
-        return ""
-    alike: dict[str, list[int]] = {}
-    more: dict[str, int] = {}
-    for r in culprits:
-        why = reasons.get(str(r)) or ["is where the waits end"]
-        alike.setdefault(why[0], []).append(r)
-        more[why[0]] = max(more.get(why[0], 0), len(why) - 1)
-    parts = [f"{report.rank_word(rs)} {why}" + (f" (and {more[why]} more like it)" if more[why] else "")
-             for why, rs in alike.items()]
-    text = f"Culprits: look at {report.rank_word(culprits)} first. {report._cap('; '.join(parts))}."
-    if others:
-        who = (f"The other rank involved ({others[0]}) only waits" if len(others) == 1 else
-               f"The other {len(others)} ranks involved ({report.short_ranks(others)}) only wait")
-        text += f" {who}, directly or through others, on {'it' if len(culprits) == 1 else 'them'}."
-    return text

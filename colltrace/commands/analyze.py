@@ -44,11 +44,14 @@ class AnalyzeCommand:
     def _text(findings, verdict, render_report) -> str:
         """The culprits first; findings that are only work stuck behind them (NCCL queues a whole
         step behind one stuck rank) are counted, not printed: --json lists every one."""
-        if not verdict["paragraph"]:
+        from colltrace.reporters.text import culprit_paragraph
+
+        paragraph = culprit_paragraph(verdict["culprits"], verdict["reasons"], verdict["others"])
+        if not paragraph:
             return render_report(findings)
         behind = set(verdict["consequences"])
         shown = [f for f in findings if f.get("key") not in behind]
-        text = verdict["paragraph"] + "\n\n" + render_report(shown)
+        text = paragraph + "\n\n" + render_report(shown)
         if len(shown) < len(findings):
             text += (f"\n\n{len(findings) - len(shown)} more findings are collectives stuck behind the culprits "
                      f"on the other ranks (every member arrived; the work never completes): see --json.")

@@ -815,3 +815,25 @@ def render_report(findings: list[dict]) -> str:
             block += "\n" + classes_text
         out.append(block)
     return "\n\n".join(out)
+
+
+def culprit_paragraph(culprits: list[int], reasons: dict, others: list[int]) -> str:
+    """"Culprits: look at ranks 12,14 first. Rank 12 never entered ...; rank 14 did not complete
+    .... The other 14 ranks involved (0-11,13,15) only wait, directly or through others, on them."
+    Culprits with the same reason share one sentence."""
+    if not culprits:
+        return ""
+    alike: dict[str, list[int]] = {}
+    more: dict[str, int] = {}
+    for r in culprits:
+        why = reasons.get(str(r)) or ["is where the waits end"]
+        alike.setdefault(why[0], []).append(r)
+        more[why[0]] = max(more.get(why[0], 0), len(why) - 1)
+    parts = [f"{rank_word(rs)} {why}" + (f" (and {more[why]} more like it)" if more[why] else "")
+             for why, rs in alike.items()]
+    text = f"Culprits: look at {rank_word(culprits)} first. {_cap('; '.join(parts))}."
+    if others:
+        who = (f"The other rank involved ({others[0]}) only waits" if len(others) == 1 else
+               f"The other {len(others)} ranks involved ({short_ranks(others)}) only wait")
+        text += f" {who}, directly or through others, on {'it' if len(culprits) == 1 else 'them'}."
+    return text

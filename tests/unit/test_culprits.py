@@ -1,7 +1,14 @@
 """culprits.explain: which ranks the findings point at as the cause, and which only wait."""
 from __future__ import annotations
 
-from colltrace.analysis.culprits import explain
+from colltrace.analysis.culprits import explain as _explain
+from colltrace.reporters.text import culprit_paragraph
+
+
+def explain(findings):
+    """The analyzer's facts with the reporter's paragraph beside them, as `colltrace analyze` prints."""
+    c = _explain(findings)
+    return dict(c, paragraph=culprit_paragraph(c["culprits"], c["reasons"], c["others"]))
 
 
 def stall(group, seq, waiting, missing=(), stage="arrival", completed=(), key=None):
