@@ -9,9 +9,13 @@ Two gloo ranks on this machine, measured three ways:
    and likewise whole DDP training steps (forward, backward with DDP's C++ all-reduces, step,
    and one metrics all_reduce as trainers do). Same processes, same sockets, same moment:
    the ratio is the wrapper's cost and nothing else.
-2. Separate processes: untraced, traced (COLLTRACE=1 path, everything on) and
-   TORCH_DISTRIBUTED_DEBUG=DETAIL, alternating round by round so drift hits all alike. Noisier
-   (each pair of processes lands differently on 2 cores), but it is what a user runs.
+2. Separate processes: untraced, traced (COLLTRACE=1 path, everything on), PyTorch's Flight
+   Recorder (TORCH_FR_BUFFER_SIZE=2000) and TORCH_DISTRIBUTED_DEBUG=DETAIL, alternating round
+   by round so drift hits all alike. Noisier (each pair of processes lands differently on 2
+   cores), but it is what a user runs.
+3. Instructions per call (benchmarks/instructions.py, valgrind's callgrind, world of 1): the
+   deterministic figure, untraced / traced / Flight Recorder (skipped with a note if valgrind
+   is not installed, or with --no-instructions).
 DETAIL with DDP on gloo segfaults in torch 2.13 even for a correct program: not measured.
 Prints medians, ratios and the added microseconds per collective.
 """
@@ -89,8 +93,11 @@ def run_pair(mode: str, args, script: str, trace_dir: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COLLTRACE", "TORCH_DISTRIBUTED_DEBUG"))}
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), WORLD_SIZE="2",
                TORCHELASTIC_USE_AGENT_STORE="True", OMP_NUM_THREADS="1")
+    env = {k: v for k, v in env.items() if not k.startswith("TORCH_FR")}
     if mode == "detail":
         env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    if mode == "flightrec":
+        env["TORCH_FR_BUFFER_SIZE"] = "2000"
     if mode in ("traced", "ab"):
         env.update(COLLTRACE_DIR=trace_dir, COLLTRACE_WATCHDOG="off")
     if mode == "traced":
@@ -119,7 +126,7 @@ def _stop_watchdogs(directory: str) -> None:
 
 
 def line(label: str, med: float, base: float, unit: str) -> str:
-    return (f"{label:<34} {med / base:6.3f}   ({med:9.1f} us vs {base:9.1f} us untraced; "
+    return (f"{label:<42} {med / base:6.3f}   ({med:9.1f} us vs {base:9.1f} us untraced; "
             f"added {med - base:+8.1f} us per {unit})")
 
 
@@ -129,6 +136,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=2000, help="all_reduce calls per rank per round")
     ap.add_argument("--steps", type=int, default=100, help="DDP training steps per round")
     ap.add_argument("--blocks", type=int, default=10, help="A/B blocks per round (in-process mode)")
+    ap.add_argument("--no-instructions", action="store_true", help="skip the callgrind count")
     args = ap.parse_args()
     res: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -136,7 +144,7 @@ def main() -> int:
         with open(script, "w") as f:
             f.write(WORKER)
         for rnd in range(args.rounds):
-            for mode in ("ab", "untraced", "traced", "detail"):
+            for mode in ("ab", "untraced", "traced", "flightrec", "detail"):
                 out = run_pair(mode, args, script, os.path.join(tmp, f"trace-{mode}-{rnd}"))
                 if mode == "ab":
                     for kind, d in out.items():
@@ -155,10 +163,22 @@ def main() -> int:
                med[("ab", "ddp_step", "untraced")], "step"))
     print(line("separate processes, all_reduce traced", med[("sep", "allreduce", "traced")],
                med[("sep", "allreduce", "untraced")], "collective"))
+    print(line("separate processes, all_reduce Flight Rec.", med[("sep", "allreduce", "flightrec")],
+               med[("sep", "allreduce", "untraced")], "collective"))
     print(line("separate processes, all_reduce DETAIL", med[("sep", "allreduce", "detail")],
                med[("sep", "allreduce", "untraced")], "collective"))
     print(line("separate processes, DDP step traced", med[("sep", "ddp_step", "traced")],
                med[("sep", "ddp_step", "untraced")], "step"))
+    print(line("separate processes, DDP step Flight Rec.", med[("sep", "ddp_step", "flightrec")],
+               med[("sep", "ddp_step", "untraced")], "step"))
+    if not args.no_instructions:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import instructions
+
+        try:
+            print("\n" + instructions.report(instructions.per_call(100, 500)))
+        except RuntimeError as exc:
+            print(f"\ninstructions per call: not counted ({exc})")
     return 0
 
 

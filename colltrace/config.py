@@ -29,6 +29,7 @@ class Settings:
     host: str = field(default_factory=socket.gethostname)
     dashboard: tuple[str, int] | None = None   # COLLTRACE_DASHBOARD=[HOST:]PORT: the leader watchdog serves it
     dashboard_token: str = field(default="", repr=False)
+    user_packages: tuple[str, ...] = ()   # installed packages that are the user's own code (COLLTRACE_USER_PACKAGES)
     warnings: tuple[str, ...] = ()
 
 
@@ -75,6 +76,20 @@ def _digest(env, warnings) -> int:
         warnings.append(f"COLLTRACE_DIGEST={raw!r} is not on, off or a size in KiB; digests stay off")
         return 0
     return kib << 10
+
+
+def _names(env, name, warnings) -> tuple[str, ...]:
+    """"mylib, otherlib" -> ("mylib", "otherlib"): top-level import names."""
+    out = []
+    for part in env.get(name, "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not part.isidentifier():
+            warnings.append(f"{name}: {part!r} is not a package name (top-level import name, e.g. mylib); ignored")
+            continue
+        out.append(part)
+    return tuple(out)
 
 
 def parse_bind(text: str) -> tuple[str, int]:
@@ -127,6 +142,7 @@ def load(env=None) -> Settings:
         host=env.get("COLLTRACE_HOST", "").strip() or socket.gethostname(),
         dashboard=_bind(env, "COLLTRACE_DASHBOARD", warnings),
         dashboard_token=env.get("COLLTRACE_DASHBOARD_TOKEN", "").strip(),
+        user_packages=_names(env, "COLLTRACE_USER_PACKAGES", warnings),
         warnings=tuple(warnings),
     )
 

@@ -25,8 +25,7 @@ import os
 import re
 from dataclasses import asdict, dataclass
 
-from colltrace import sourcescan
-from colltrace.analysis.report import is_internal
+from colltrace import origins, sourcescan
 
 RULES = {
     "rank-branch": "collective under a rank-dependent branch: the ranks that skip it never join",
@@ -168,7 +167,7 @@ class _Checker:
             return "this folder's code makes subgroups"
         for mod, level in self.sf.imports:
             for path in sourcescan.resolve_import(self.sf.path, mod, level):
-                if is_internal(path):
+                if _origin(path) == origins.INTERNAL:
                     continue   # torch's own modules make subgroups for everyone's use
                 if _file_makes_subgroups(os.path.abspath(path)):
                     return f"{os.path.basename(path)}, imported here, makes subgroups"
@@ -227,6 +226,15 @@ class _Checker:
 
 
 _MAKES = re.compile(r"\b(?:new_group|new_subgroups|new_subgroups_by_enumeration|split_group)\s*\(")
+
+
+@functools.lru_cache(maxsize=1)
+def _local():
+    return origins.for_roots(origins.local_roots())
+
+
+def _origin(path: str) -> str:
+    return _local().classify(os.path.abspath(path))[0]
 
 
 @functools.lru_cache(maxsize=1024)

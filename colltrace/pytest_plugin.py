@@ -48,6 +48,10 @@ def pytest_addoption(parser):
     parser.addini("colltrace", "trace every test (like --colltrace)", type="string", default="")
     parser.addini("colltrace_stall_s", "like --colltrace-stall-s", type="string", default="")
     parser.addini("colltrace_dir", "like --colltrace-dir", type="string", default="")
+    group.addoption("--colltrace-user-packages", metavar="NAME[,NAME...]", default=None,
+                    help="installed packages that are your own code: verdicts name their lines like your tests' "
+                         "[env COLLTRACE_USER_PACKAGES, ini colltrace_user_packages]")
+    parser.addini("colltrace_user_packages", "like --colltrace-user-packages", type="string", default="")
 
 
 def _flag(raw, where: str) -> bool | None:
@@ -107,6 +111,10 @@ def pytest_configure(config):
                                        "function on world_size ranks in child processes, traced by colltrace; "
                                        "fixtures rank, world_size, groups")
     config.stash[SETTINGS] = resolve(config)
+    packages = _first(config.getoption("colltrace_user_packages"), os.environ.get("COLLTRACE_USER_PACKAGES"),
+                      config.getini("colltrace_user_packages").strip() or None)
+    if packages:   # read by each traced rank from its environment, like every other setting
+        os.environ["COLLTRACE_USER_PACKAGES"] = packages
 
 
 def pytest_report_header(config):

@@ -17,7 +17,7 @@ import time
 import traceback
 import weakref
 
-from colltrace import flightrecorder, ringfile
+from colltrace import flightrecorder, origins, ringfile
 from colltrace.ringfile import COMPLETE, ENTER, F_DONE, F_P2P, FAIL, RETURN, UNTRACED
 
 _time = time.time
@@ -88,6 +88,8 @@ class Recorder:
             "k": "meta", "rank": rank, "world_size": world_size, "pid": os.getpid(), "host": settings.host,
             "job": job_id(), "started": _time(), "backend": backend, "argv": sys.argv[:8],
             "stall_s": settings.stall_s, "local_rank": os.environ.get("LOCAL_RANK"),
+            # where this rank's torch, stdlib and packages are: frames are classified against them
+            "roots": origins.local_roots(getattr(settings, "user_packages", ())),
         })
         self._install_fault_handler()
         self._prev_excepthook = sys.excepthook

@@ -16,20 +16,28 @@ not on this machine are skipped. Never raises.
 """
 from __future__ import annotations
 
+import functools
 import os
 
-from colltrace import sourcescan
-from colltrace.analysis.report import is_internal, user_frames
+from colltrace import origins, sourcescan
+from colltrace.analysis.report import user_frames
 
 KINDS = ("deadlock", "stall")
 MAX_SITES = 50
-_SKIP = ("/site-packages/", "/dist-packages/")
 _cache: dict[tuple, object] = {}
 
 
 def _user_file(path) -> bool:
-    p = "/" + str(path).replace("\\", "/").lstrip("/")
-    return bool(path) and not is_internal(path) and not any(s in p for s in _SKIP) and p.endswith(".py")
+    """The user's own source (not torch's, the standard library's or an installed framework's), by
+    this machine's roots: the files read here are this machine's."""
+    if not path or not str(path).endswith(".py"):
+        return False
+    return _local().classify(str(path))[0] == origins.USER
+
+
+@functools.lru_cache(maxsize=1)
+def _local():
+    return origins.for_roots(origins.local_roots())
 
 
 def _load(path: str):

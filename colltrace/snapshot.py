@@ -5,7 +5,7 @@ snapshot format is described in docs/design.md.
 """
 from __future__ import annotations
 
-from colltrace.analysis.report import is_internal
+from colltrace import origins
 
 SUSPECT_AFTER_S = 0.5   # others have waited this long: fetch the missing rank's live stack
 RECENT_COMPLETED = 4    # completed records per rank sent through the store (pending ones always)
@@ -20,14 +20,17 @@ def merge(summaries: list[dict], now: float) -> dict:
     return snap
 
 
-def compact_frames(frames: list[dict]) -> list[dict]:
-    """Keep the innermost frames and those around the innermost user frame: what reports show."""
+def compact_frames(frames: list[dict], roots: dict | None = None) -> list[dict]:
+    """Keep the innermost frames and those around the innermost user frame: what reports show.
+    `roots`: the rank's, which tell its own code from torch's and the frameworks'."""
     if len(frames) <= FRAMES_NEAR_USER + 4:
         return frames
-    user = next((i for i in range(len(frames) - 1, -1, -1) if not is_internal(frames[i].get("file", ""))), None)
+    classify = origins.for_roots(roots).classify
+    user = next((i for i in range(len(frames) - 1, -1, -1)
+                 if classify(frames[i].get("file", ""))[0] == origins.USER), None)
     keep = set(range(len(frames) - 4, len(frames)))
     if user is not None:
-        keep.update(range(max(0, user - FRAMES_NEAR_USER + 1), user + 1))
+        keep.update(range(max(0, user - FRAMES_NEAR_USER + 1), min(len(frames), user + 2)))   # and the call it makes
     return [frames[i] for i in sorted(keep)]
 
 
@@ -38,9 +41,10 @@ def compact_entry(entry: dict) -> dict:
     pending = [r for r in recs if r.get("state") in ("waiting", "in_flight")]
     done = [r for r in recs if r.get("state") not in ("waiting", "in_flight")][-RECENT_COMPLETED:]
     keep = sorted(pending + done, key=lambda r: (r.get("entered_at") or 0, r.get("id") or 0))
-    e["records"] = [dict(r, frames=compact_frames(r.get("frames") or [])) for r in keep]
+    roots = e.get("roots")
+    e["records"] = [dict(r, frames=compact_frames(r.get("frames") or [], roots)) for r in keep]
     if e.get("stack"):
-        e["stack"] = compact_frames(e["stack"])
+        e["stack"] = compact_frames(e["stack"], roots)
     return e
 
 

@@ -11,8 +11,7 @@ import json
 import os
 import re
 
-from colltrace import flightrecorder, ringfile
-from colltrace.analysis.report import user_frames
+from colltrace import flightrecorder, origins, ringfile
 from colltrace.ringfile import COMPLETE, ENTER, F_ASYNC, F_DIGEST, F_DONE, F_P2P, FAIL, RETURN, UNTRACED
 
 RANK_FILE = re.compile(r"rank-(\d+)\.ring$")
@@ -40,8 +39,9 @@ def rank_files(directory: str) -> dict[int, str]:
     return dict(sorted(out.items()))
 
 
-def parse_fault(text: str) -> dict | None:
-    """faulthandler's report -> {"signal", "code", "frames"} (innermost last)."""
+def parse_fault(text: str, roots: dict | None = None) -> dict | None:
+    """faulthandler's report -> {"signal", "code", "frames"} (innermost last). `roots`: the
+    rank's (its meta record), to tell which thread holds the user's frames."""
     if not text.strip():
         return None
     signal = code = None
@@ -57,6 +57,7 @@ def parse_fault(text: str) -> dict | None:
         frames.reverse()
         threads.append({"thread": m.group(2), "current": m.group(1) == "Current thread", "frames": frames})
     current = next((t for t in threads if t["current"]), threads[0] if threads else None)
+    user_frames = origins.for_roots(roots).user_frames
     if current is not None and not user_frames(current["frames"]):
         # The signal hit a thread with none of the user's frames (gloo's SIGABRT lands wherever;
         # colltrace's own poller): show the thread that has them. faulthandler lists the newest
@@ -261,14 +262,23 @@ class RankTrace:
 
     def fault(self) -> dict | None:
         """faulthandler's report, as read by the last poll() (before the ring: see poll)."""
-        return self._fault
+        if self._fault is not None and self._fault.get("roots") is None and self.meta.get("roots"):
+            # read before the meta record: pick the thread again, with the rank's own roots
+            self._fault = dict(parse_fault(self._fault["text"], self.meta["roots"]), text=self._fault["text"],
+                               roots=self.meta["roots"])
+        if self._fault is None:
+            return None
+        return {k: v for k, v in self._fault.items() if k not in ("text", "roots")}
 
     def _read_fault(self) -> None:
         if self._fault is not None and self._fault.get("signal"):
             return   # a fatal signal's report is final
         try:
             with open(self.fault_path, errors="replace") as f:
-                self._fault = parse_fault(f.read())
+                text = f.read()
+            roots = self.meta.get("roots")
+            parsed = parse_fault(text, roots)
+            self._fault = dict(parsed, text=text, roots=roots) if parsed else None
         except FileNotFoundError:
             pass
 
@@ -318,6 +328,8 @@ class RankTrace:
             "records": self.all_records(), "stack": None, "stack_at": None,
             "fault": None, "lost_slots": self.ring.lost, "stall_s": self.meta.get("stall_s"),
         }
+        if origins.valid_roots(self.meta.get("roots")):
+            entry["roots"] = self.meta["roots"]   # where its torch, stdlib and packages are
         if self.digests:
             entry["digests"] = True
         untraced = flightrecorder.untraced_since(self.flight_recorder(), entry["progress"])

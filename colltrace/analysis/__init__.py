@@ -10,7 +10,7 @@ Kinds: mismatch, dead_rank, deadlock, stall (stage "arrival", "completion" or, f
 "unverified"), unmatched_p2p (HANG_KINDS), and duplicate_data (COLLTRACE_DIGEST: ranks that
 should send their own data send identical bytes; not a hang). Modules: snapshot (validated view of the input), matching
 (do the ranks' calls agree), waitgraph (who waits for whom, cycles), findings (the verdicts),
-report (the text).
+report (re-exports colltrace.reporters.text, which writes the text).
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from colltrace.analysis import report
 from colltrace.analysis.findings import HANG_KINDS, Verdicts
 from colltrace.analysis.report import paragraph, render_report, render_stack_classes  # noqa: F401
 from colltrace.analysis.snapshot import Snapshot
+from colltrace.reporters import text
 
 __all__ = ["analyze", "render_report", "paragraph", "render_stack_classes", "report", "HANG_KINDS"]
 
@@ -43,7 +44,9 @@ def analyze(snap: dict, stall_s: float, now: float) -> list[dict]:
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return Verdicts(Snapshot(snap), stall_s, now).run()
+        # The verdicts are facts; the reporter writes each one's paragraph (its "summary")
+        # the moment it is made, as the contract asks.
+        return text.summarize(Verdicts(Snapshot(snap), stall_s, now).run())
     finally:
         if was_enabled:
             gc.enable()

@@ -9,14 +9,14 @@ both sides of a root / non-root branch call (a gather with and without a list) i
 """
 from __future__ import annotations
 
-from colltrace.analysis.report import frame_text, rank_word, user_frames
+from colltrace.analysis.report import frame_text, rank_word
 from colltrace.analysis.snapshot import Snapshot, to_int
 
 MAX_WARNINGS = 20
 
 
-def _place(rec: dict):
-    frames = user_frames(rec.get("frames"))
+def _place(rec: dict, own):
+    frames = own(rec.get("frames"))
     if not frames:
         return None
     f = frames[-1]
@@ -26,7 +26,9 @@ def _place(rec: dict):
 def find(snap: Snapshot) -> list[dict]:
     """One warning per (group, set of places), the first collective number where it was seen."""
     by_coll: dict[tuple, dict[int, dict]] = {}
+    own_frames: dict[int, object] = {}
     for rank, view in sorted(snap.ranks.items()):
+        own_frames[rank] = view.origins.user_frames   # classified by the rank's recorded roots
         for r in view.records:
             try:
                 if r.get("p2p") or r.get("op") == "untraced" or r.get("state") != "completed":
@@ -40,7 +42,7 @@ def find(snap: Snapshot) -> list[dict]:
             continue
         places: dict[tuple, list] = {}
         for rank, r in recs.items():
-            p = _place(r)
+            p = _place(r, own_frames[rank])
             if p is None:
                 places = {}
                 break   # a rank with no user frame: cannot tell
@@ -56,7 +58,7 @@ def find(snap: Snapshot) -> list[dict]:
             sides = []
             for _, members in sorted(places.items(), key=lambda kv: min(m[0] for m in kv[1])):
                 rank, rec, frame = members[0]
-                chain = " → ".join(frame_text(x) for x in user_frames(rec.get("frames")))
+                chain = " → ".join(frame_text(x) for x in own_frames[rank](rec.get("frames")))
                 sides.append({"ranks": sorted(m[0] for m in members), "op": rec.get("op"), "file": frame.get("file"),
                               "line": frame.get("line"), "func": frame.get("func"), "chain": chain})
             text = "; ".join(f"{rank_word(s['ranks'])} in {s['op']} at {s['chain']}" for s in sides)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from colltrace.analysis.report import user_frames
 from colltrace.analysis.snapshot import Snapshot, to_int
 
 MIN_CALLS = 3          # identical calls at one place before it is called a pattern
@@ -65,7 +64,9 @@ def find(snap: Snapshot) -> list[Site]:
                 continue
         except (TypeError, ValueError):
             continue
-        chain = tuple((f.get("file"), f.get("line")) for f in user_frames(sample.get("frames")))
+        view = snap.ranks.get(min(recs))
+        own = view.origins.user_frames if view is not None else (lambda fs: fs or [])
+        chain = tuple((f.get("file"), f.get("line")) for f in own(sample.get("frames")))
         key = (group, str(sample.get("op")), chain)
         site = sites.get(key)
         if site is None:

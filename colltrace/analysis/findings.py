@@ -1,13 +1,17 @@
 """The verdicts: mismatches, dead ranks, deadlocks, stalls and unmatched p2p as finding dicts
 (shared/CONTRACT.md), one finding per problem, reported where the problem starts.
 
+Facts only, no English: who, where (frames marked with their origin: the user's, a framework's,
+torch's), and which ranks to look at first and why (`look_first`). colltrace.reporters.text
+turns them into the summary paragraph and the advice.
+
 Priority when one situation could be read several ways: mismatch, dead_rank, deadlock, then
 stall / unmatched_p2p. Ranks stuck only because of a reported problem are listed in its
 `behind` field instead of getting findings of their own.
 """
 from __future__ import annotations
 
-from colltrace.analysis import duplicates, report
+from colltrace.analysis import duplicates
 from colltrace.analysis.matching import Mismatch, check_collective
 from colltrace.analysis.snapshot import PENDING, Rec, RankView, Snapshot, to_int
 from colltrace.analysis.waitgraph import Key, WaitGraph, coll_name
@@ -28,8 +32,33 @@ def _compact(raw: dict | None) -> dict | None:
             if k in raw}
 
 
-def _user_chain(frames) -> tuple:
-    return tuple((f.get("file"), f.get("line")) for f in report.user_frames(frames))
+UNTRACED_SITE = ("untraced",)
+
+
+def _site(view: RankView | None, raw) -> tuple:
+    """A call site: the op and the chain of the rank's own frames (file, line) that made it."""
+    if not isinstance(raw, dict):
+        return ("?",)
+    if raw.get("op") == "untraced" or raw.get("untraced"):
+        return UNTRACED_SITE   # torch's own C++ collectives (DDP's all-reduces): one routine site
+    frames = view.origins.user_frames(raw.get("frames")) if view is not None else []
+    return (raw.get("op"),) + tuple((f.get("file"), f.get("line")) for f in frames)
+
+
+def _frame_refs(f: dict) -> None:
+    """Point look_first at frames: the index, in its rank's `frames`, of the user's innermost own
+    frame ("user_frame") and of the framework call it went through ("framework_frame"); None
+    where there is none."""
+    look = f.get("look_first")
+    if not isinstance(look, dict) or look.get("rank") is None:
+        return
+    frames = ((f.get("ranks") or {}).get(str(look["rank"])) or {}).get("frames")
+    frames = frames if isinstance(frames, list) else []
+    i = next((n for n in range(len(frames) - 1, -1, -1)
+              if isinstance(frames[n], dict) and frames[n].get("origin") == "user"), None)
+    nxt = frames[i + 1] if i is not None and i + 1 < len(frames) else None
+    look["user_frame"] = i
+    look["framework_frame"] = i + 1 if isinstance(nxt, dict) and nxt.get("origin") == "framework" else None
 
 
 class Verdicts:
@@ -38,6 +67,7 @@ class Verdicts:
         self.stall_s = stall_s
         self.now = now
         self.graph = WaitGraph(snap, now, stall_s)
+        self._annotated: dict = {}   # id(frames list) -> (list, its copy with origins)
 
     # -- the pass ----------------------------------------------------------------------------
     def run(self) -> list[dict]:
@@ -73,10 +103,10 @@ class Verdicts:
                 f["behind"] = behind
         out = []
         for f, _, _ in made:
+            _frame_refs(f)
             if self.snap.unreadable:
                 f["unreadable_ranks"] = list(self.snap.unreadable)
                 f["unreadable"] = {str(r): e for r, e in self.snap.unreadable.items()}
-            f["summary"] = report.paragraph(f)
             out.append(f)
         return out
 
@@ -244,7 +274,173 @@ class Verdicts:
                 e["stack"] = v.stack
                 if rec is None:
                     e["frames"] = v.stack
+        self._mark_origins(v, e)
         return e
+
+    def _frames(self, v: RankView, frames):
+        """The frames with their origin marked (shared by the records of one stack)."""
+        if not isinstance(frames, list):
+            return frames
+        hit = self._annotated.get(id(frames))
+        if hit is None or hit[0] is not frames:
+            hit = self._annotated[id(frames)] = (frames, v.origins.annotate(frames))
+        return hit[1]
+
+    def _mark_origins(self, v: RankView, e: dict) -> None:
+        for key in ("frames", "stack"):
+            if key in e:
+                e[key] = self._frames(v, e[key])
+        for key in ("last",):
+            if isinstance(e.get(key), dict) and "frames" in e[key]:
+                e[key] = dict(e[key], frames=self._frames(v, e[key]["frames"]))
+        if isinstance(e.get("in_flight"), list):
+            e["in_flight"] = [dict(x, frames=self._frames(v, x.get("frames"))) if isinstance(x, dict) else x
+                              for x in e["in_flight"]]
+
+    # -- the job's own history: what a rank did at this point before ------------------------------
+    def pattern(self, rank: int, raw) -> str | None:
+        """Whether a rank's call here follows its own history: "same" (it made this very call at
+        this point before, or makes it routinely), "left" (at this point it always made another
+        call), "new" (a call it never made, with history to compare), None (no history).
+        The point is the collective just before on the group: what the rank called after it in
+        earlier iterations."""
+        v = self.snap.ranks.get(rank)
+        if v is None or not isinstance(raw, dict):
+            return None
+        group = raw.get("group")
+        cur = _site(v, raw)
+        try:
+            seq = to_int(raw.get("seq"))
+        except (TypeError, ValueError):
+            return None
+        prev = v.record_before(str(group), seq) if seq > 1 else None
+        here = _site(v, prev) if prev is not None else None
+        chain = []
+        for r in v.records[-ROUTINE_WINDOW:]:
+            if r is raw or r is prev or not isinstance(r, dict) or r.get("p2p") or r.get("group") != group:
+                continue
+            try:
+                if to_int(r.get("seq_end", r.get("seq"))) >= (seq - 1 if prev is not None else seq):
+                    continue   # not earlier than this point
+            except (TypeError, ValueError):
+                continue
+            chain.append(r)
+        same = other = 0
+        sites = [_site(v, r) for r in chain]
+        for a, b in zip(sites, sites[1:] + ([here] if here is not None else [])):
+            if here is not None and a == here:
+                if b == cur:
+                    same += 1
+                else:
+                    other += 1
+        seen = sum(1 for x in sites if x == cur)
+        if here == UNTRACED_SITE:
+            # torch's own collectives in a row (DDP's all-reduces, step after step): each one
+            # followed by another is an earlier iteration at this point
+            runs = self._untraced_runs(v, str(group), seq, chain + ([prev] if prev is not None else []))
+            if cur == UNTRACED_SITE:
+                same += runs
+                seen += runs
+            else:
+                other += runs
+        if same:
+            return "same"
+        if other:
+            return "left"
+        if seen:
+            return "same"
+        return "new" if len(chain) >= 2 else None
+
+    def group_pattern(self, raw) -> str | None:
+        """pattern() for the group's ops: after the op at the number just before this one, which
+        op came next in earlier iterations. Marks as in pattern()."""
+        try:
+            group, seq, op = str(raw["group"]), to_int(raw["seq"]), str(raw.get("op"))
+        except (KeyError, TypeError, ValueError):
+            return None
+        ops = self._group_ops(group, seq)
+        here = ops.get(seq - 1)
+        if here is None:
+            return None
+        same = other = 0
+        for p, o in ops.items():
+            nxt = ops.get(p + 1)
+            if o == here and nxt is not None and p + 1 < seq:
+                if nxt == op:
+                    same += 1
+                else:
+                    other += 1
+        if same:
+            return "same"
+        if other:
+            return "left"
+        return "new" if sum(1 for o in ops.values() if o == op) == 0 and len(ops) >= 2 else None
+
+    def _group_ops(self, group: str, seq: int) -> dict[int, str]:
+        """Number -> op for the group's collectives before `seq`, from any member that knows."""
+        key = (group, seq)
+        cache = self.__dict__.setdefault("_ops_cache", {})
+        if key in cache:
+            return cache[key]
+        ops: dict[int, str] = {}
+        for m in self.snap.members(group)[:ROUTINE_SAMPLE]:
+            v = self.snap.ranks.get(m)
+            if v is None:
+                continue
+            for r in v.records[-ROUTINE_WINDOW:]:
+                try:
+                    if r.get("group") != group or r.get("p2p") or r.get("op") == "untraced":
+                        continue
+                    s0, s1 = to_int(r["seq"]), to_int(r.get("seq_end", r["seq"]))
+                except (AttributeError, KeyError, TypeError, ValueError):
+                    continue
+                if s0 == s1 and s0 < seq:
+                    ops.setdefault(s0, str(r.get("op")))
+            for u in v.untraced:
+                try:
+                    if str(u["group"]) == group and to_int(u["seq"]) < seq:
+                        ops.setdefault(to_int(u["seq"]), str(u.get("op")))
+                except (KeyError, TypeError, ValueError):
+                    continue
+        cache[key] = ops
+        return ops
+
+    @staticmethod
+    def _untraced_runs(v: RankView, group: str, seq: int, recs) -> int:
+        """How many times, before number `seq`, an untraced collective on the group was followed
+        by another: within the untraced blocks of the records and the Flight Recorder's list."""
+        n = 0
+        for r in recs:
+            if isinstance(r, dict) and r.get("op") == "untraced" and not r.get("untraced"):
+                try:
+                    n += max(0, min(to_int(r.get("seq_end", r["seq"])), seq - 1) - to_int(r["seq"]))
+                except (KeyError, TypeError, ValueError):
+                    continue
+        fr = set()
+        for u in v.untraced:
+            try:
+                if str(u["group"]) == group and to_int(u["seq"]) < seq:
+                    fr.add(to_int(u["seq"]))
+            except (KeyError, TypeError, ValueError):
+                continue
+        return n + sum(1 for s in fr if s + 1 in fr)
+
+    def odd_ones(self, classes: list[tuple[list[int], dict]]) -> tuple[int | None, str]:
+        """Which class of ranks left its established pattern: (index, reason). Reasons: "left"
+        (it made another call at this point before), "new" (a call it never made), "minority"
+        (no history tells; the fewest ranks), "undecided" (neither history nor numbers tell)."""
+        marks = [self.pattern(rs[0], raw) for rs, raw in classes]
+        # Each rank's own call sites first; then the group's ops, which every member shared up to
+        # this point (any member's records, or its Flight Recorder, tell what all of them did).
+        for ms in (marks, [self.group_pattern(raw) for _, raw in classes]):
+            for strong in ("left", "new"):
+                odd = [i for i, m in enumerate(ms) if m == strong]
+                if len(odd) == 1 and any(m == "same" for m in ms):
+                    return odd[0], strong
+        sizes = sorted(len(rs) for rs, _ in classes)
+        if len(sizes) > 1 and sizes[0] < sizes[1]:
+            return min(range(len(classes)), key=lambda i: len(classes[i][0])), "minority"
+        return None, "undecided"
 
     def _base(self, kind: str, key: str, group, seq, missing, ranks: dict) -> dict:
         f = {"kind": kind, "key": key, "detected_at": self.now, "summary": "", "advice": "",
@@ -282,18 +478,9 @@ class Verdicts:
         notes = self._untraced_before(mm.group, mm.seq, [c["ranks"][0] for c in mm.classes])
         if notes:
             f["untraced_before"] = notes
-        minority = min(mm.classes, key=lambda c: (len(c["ranks"]), -c["ranks"][0]))
-        majority = max(mm.classes, key=lambda c: (len(c["ranks"]), -c["ranks"][0]))
-        loc = report.call_site(ranks[str(minority["ranks"][0])].get("frames")) or "the call"
-        loc2 = report.user_location(ranks[str(majority["ranks"][0])].get("frames")) or "theirs"
-        who = report.rank_word(minority["ranks"])
-        if "op" in mm.differs:
-            what = f"{minority['op']} where {report.rank_word(majority['ranks'])} call {majority['op']} (at {loc2})"
-        else:
-            fields = report._and([d.replace("_", " ") for d in mm.differs])
-            what = f"{minority['op']} with different {fields} than {report.rank_word(majority['ranks'])} (at {loc2})"
-        f["advice"] = (f"Look first at {loc}: {who} call{'s' if len(minority['ranks']) == 1 else ''} {what}, "
-                       f"as collective #{mm.seq} on group {mm.group}.")
+        cs = [(sorted(c["ranks"]), mm.records[sorted(c["ranks"])[0]]) for c in mm.classes]
+        odd, why = self.odd_ones(cs)
+        f["look_first"] = self._look(why, [rs for rs, _ in cs], odd)
         nodes = []
         k = self.graph.keys.get(coll_name(mm.group, mm.seq))
         if k is not None:
@@ -346,25 +533,17 @@ class Verdicts:
         f["exit"] = v.exit
         f["died_at"] = v.entry.get("died_at")
         f["last_collective"] = _compact(last)
+        if f["last_collective"] and "frames" in f["last_collective"]:
+            f["last_collective"]["frames"] = self._frames(v, f["last_collective"]["frames"])
         f["waiting"] = waiting
         f["failed"] = failed
         if also:
             f["also_missing"] = also
         if waiting:
             f["waited_s"] = max(w["waited_s"] for w in waiting)
-        e = f["ranks"][str(rank)]
-        how = report._exit_text(e)
-        at = report.user_location(v.stack) if v.stack else None
         exc = (v.exit or {}).get("exception")
-        if exc:
-            f["advice"] = f"Look first at rank {rank}'s error, {exc} (its log has the traceback)."
-        elif at:
-            f["advice"] = f"Look first at why rank {rank} {how} at {at}."
-        elif (v.exit or {}).get("signal"):
-            f["advice"] = f"Look first at why rank {rank} {how}: its log (faulthandler prints the Python stack there)."
-        else:
-            f["advice"] = (f"Look first at why rank {rank} {how}: its log, and the kernel log (dmesg) for the OOM "
-                           f"killer.")
+        why = ("error" if exc else "stack" if v.stack else "signal" if (v.exit or {}).get("signal") else "vanished")
+        f["look_first"] = {"ranks": [rank], "rank": rank, "reason": why}
         return f, ([node] if node is not None else []), own
 
     def _failed_because(self, rank: int) -> list[dict]:
@@ -406,9 +585,9 @@ class Verdicts:
         sample = k.waiters[:ROUTINE_SAMPLE]
         for w in sample:
             view = self.snap.ranks.get(w.rank)
-            chain = _user_chain(w.raw.get("frames"))
+            chain = _site(view, w.raw)
             for r in (view.records[-ROUTINE_WINDOW:] if view is not None else ()):
-                if r is not w.raw and isinstance(r, dict) and r.get("op") == w.op and _user_chain(r.get("frames")) == chain:
+                if r is not w.raw and isinstance(r, dict) and r.get("op") == w.op and _site(view, r) == chain:
                     total += 1
         return total / len(sample) if sample else 0.0
 
@@ -418,8 +597,9 @@ class Verdicts:
         in_comp = {g.rank_at(v) for v in comp if not g.is_key(v)}
         # Look first at the odd call out: routine traffic (a gather every step) is rarely where a
         # deadlock starts; a call the waiters seldom make (a barrier in checkpoint code) is.
-        keys.sort(key=lambda k: (self._routine(k), -sum(1 for w in k.waiters if w.rank in in_comp),
-                                 len(k.targets()), k.name))
+        marks = {k.name: self.pattern(k.waiters[0].rank, k.waiters[0].raw) for k in keys}
+        keys.sort(key=lambda k: (marks[k.name] not in ("left", "new"), self._routine(k),
+                                 -sum(1 for w in k.waiters if w.rank in in_comp), len(k.targets()), k.name))
         primary = keys[0]
         comp_nodes = set(comp)
         # the cycle's keys in the order one follows it from the primary
@@ -459,20 +639,9 @@ class Verdicts:
             cycle.append(item)
         f["cycle"] = cycle
         f["waited_s"] = round(self.now - min(k.first_entered for k in keys), 3)
-        loc = report._locations(f, cycle[0]["waiting"])
-        if len(report.classes(f, cycle[0]["waiting"], key=report.where)) == 1:
-            loc = report.call_site(primary.waiters[0].raw.get("frames")) or loc   # which caller of a helper
-        missing = cycle[0]["missing"]
-        others = [c for c in cycle[1:] if set(c["waiting"]) & set(missing)]
-        instead = f" (waiting in {others[0]['op']} on group {others[0]['group']} instead)" if others else ""
-        who = report.rank_word(missing)
-        if primary.p2p:
-            w = primary.waiters[0]
-            f["advice"] = (f"Look first at {loc}: rank {w.rank}'s {w.op} with rank {w.peer} is never matched, "
-                           f"because rank {w.peer} waits in {others[0]['op'] if others else 'something else'} itself.")
-        else:
-            f["advice"] = (f"Look first at {loc}: {primary.waiters[0].op} on group {primary.group} is a collective "
-                           f"that {who} never call{'s' if len(missing) == 1 else ''}{instead}.")
+        # the odd call out: the key whose waiters left their own pattern, else the least routine
+        f["look_first"] = {"ranks": cycle[0]["waiting"], "rank": primary.waiters[0].rank, "key": primary.name,
+                           "reason": marks[primary.name] if marks[primary.name] in ("left", "new") else "odd_call"}
         return f, list(comp), own
 
     def _stall(self, k: Key):
@@ -497,43 +666,80 @@ class Verdicts:
         notes = self._untraced_before(k.group, k.seq, f["waiting"][:1])
         if notes:
             f["untraced_before"] = notes
-        op = k.waiters[0].op
         if stage == "completion":
             f["completed_ranks"] = sorted(set(self.snap.members(k.group)) - own)
-            loc = report._locations(f, f["waiting"])
-            f["advice"] = (f"Look first at the backend on {report.rank_word(f['waiting'])} ({op} #{k.seq} on group "
-                           f"{k.group} at {loc}): every member entered it but it never completes; check the NCCL/gloo "
-                           f"logs, GPU health and the network.")
+            f["look_first"] = {"ranks": f["waiting"], "rank": f["waiting"][0], "reason": "backend"}
         else:
-            m_classes = report.classes(f, targets)
-            rs, e = m_classes[0]
-            who = report.rank_word(rs)
-            goal = f"{op} #{k.seq} on group {k.group}"
-            if e.get("state") in ("unreadable", "unknown"):
-                f["advice"] = f"Look first at {who}: {'its' if len(rs) == 1 else 'their'} trace could not be read, and {goal} waits for {'it' if len(rs) == 1 else 'them'}."
-            elif e.get("frames") or e.get("state") in PENDING:
-                f["advice"] = (f"Look first at {report.where(e)}, where {who} {'is' if len(rs) == 1 else 'are'}: "
-                               f"{'it never reaches' if len(rs) == 1 else 'they never reach'} {goal}.")
+            # The waiters' own history first: a rank that left its established pattern to enter
+            # this collective (a barrier in a rank-conditional branch) is the odd one, not the
+            # ranks doing what they always do. Otherwise the ranks that never arrive.
+            w = k.waiters[0]
+            mark = self.pattern(w.rank, w.raw)
+            if mark in ("left", "new") and self._absent_routine(targets, k):
+                f["look_first"] = {"ranks": f["waiting"], "rank": w.rank, "reason": mark, "versus": sorted(targets)}
             else:
-                pid = e.get("pid")
-                hint = f" (py-spy dump --pid {pid} on its host shows where it is)" if pid else ""
-                f["advice"] = (f"Look first at what {who} {'does' if len(rs) == 1 else 'do'} after "
-                               f"{'its' if len(rs) == 1 else 'their'} last collective{hint}: "
-                               f"{'it never reaches' if len(rs) == 1 else 'they never reach'} {goal}.")
+                first = self._first_class(f, targets)
+                f["look_first"] = {"ranks": first, "rank": first[0], "reason": "missing"}
         return f, [k.node], own
+
+    def _absent_routine(self, targets, k: Key) -> bool:
+        """Whether the ranks a collective waits for are busy with their routine: each readable,
+        alive, and in a collective it made at that point before (one in no collective, stuck
+        in a data loader say, may well be the problem itself)."""
+        for m in targets:
+            v = self.snap.ranks.get(m)
+            if v is None or v.dead:
+                return False
+            cur = self.current(v)
+            if cur is None:
+                cur = self._untraced_now(v)
+            if cur is None or self.pattern(m, cur.raw if isinstance(cur, Rec) else cur) != "same":
+                return False
+        return bool(targets)
+
+    def _untraced_now(self, v: RankView):
+        """The collective the Flight Recorder says the rank is in, untraced (DDP's all-reduce)."""
+        for u in v.untraced[-1:]:
+            try:
+                return v.untraced_at(str(u["group"]), to_int(u["seq"]))
+            except (KeyError, TypeError, ValueError):
+                return None
+        return None
+
+    @staticmethod
+    def _first_class(f: dict, ranks) -> list[int]:
+        """The first of `ranks` and those doing the same thing at the same place."""
+        table = f["ranks"]
+        rs = sorted(ranks)
+
+        def key(e):
+            fr = e.get("frames") or []
+            return (e.get("state"), e.get("op"), e.get("group"), e.get("seq"),
+                    tuple((x.get("file"), x.get("line")) for x in fr[-8:] if isinstance(x, dict)))
+        k0 = key(table.get(str(rs[0])) or {})
+        return [r for r in rs if key(table.get(str(r)) or {}) == k0]
+
+    @staticmethod
+    def _look(why: str, classes: list[list[int]], odd: int | None) -> dict:
+        if odd is None:
+            return {"ranks": sorted(r for rs in classes for r in rs), "rank": None, "reason": why,
+                    "sides": [{"ranks": rs, "rank": rs[0]} for rs in classes]}
+        others = [r for i, rs in enumerate(classes) if i != odd for r in rs]
+        return {"ranks": classes[odd], "rank": classes[odd][0], "reason": why, "versus": sorted(others)}
 
     def _duplicate(self, site: duplicates.Site):
         seq, senders = site.identical[-1]
         ranks = self._rank_sorted_entries((r, self.entry(r, raw)) for r, raw in senders.items())
+        r0 = next(iter(senders))
+        own = self.snap.ranks[r0].origins.user_frames if r0 in self.snap.ranks else (lambda fs: [])
         chain = "/".join(f"{f}:{ln}" for f, ln in
-                         ((x.get("file"), x.get("line")) for x in report.user_frames(next(iter(senders.values())).get("frames"))))
+                         ((x.get("file"), x.get("line")) for x in own(senders[r0].get("frames"))))
         f = self._base("duplicate_data", f"duplicate_data:{site.group}:{site.op}:{chain}", site.group, seq, [], ranks)
         f["calls"] = site.calls
         f["identical_calls"] = len(site.identical)
         f["seqs"] = [s for s, _ in site.identical]
         f["digest"] = next(iter(senders.values())).get("digest")
-        f["advice"] = ("Look first at how the data is split over the ranks: a DataLoader without a DistributedSampler "
-                       "(or one built before init_process_group) gives every rank the same batches.")
+        f["look_first"] = {"ranks": sorted(senders), "rank": min(senders), "reason": "data_split"}
         return f, [], set(senders)
 
     def _p2p(self, k: Key):
@@ -559,16 +765,10 @@ class Verdicts:
         f["op"] = rec.op
         f["posted"] = k.posted
         f["waited_s"] = round(g.age(k), 3)
-        loc = report.user_location(f["ranks"][str(a)].get("frames")) or "the call"
         if k.status == "missing":
-            e = f["ranks"].get(str(c), {})
-            there = report.where(e) if e.get("frames") else f"rank {c}"
-            f["advice"] = (f"Look first at {there}: rank {c} never posts the op that matches rank {a}'s {rec.op} "
-                           f"at {loc}.")
+            f["look_first"] = {"ranks": [c], "rank": c, "reason": "unposted", "versus": [a]}
         elif k.status == "posted":
-            f["advice"] = (f"Look first at the transport between ranks {a} and {c}: both posted the transfer "
-                           f"({rec.op} at {loc}) but it never completes.")
+            f["look_first"] = {"ranks": sorted({a, c}), "rank": a, "reason": "transport"}
         else:
-            f["advice"] = (f"Look first at rank {c}'s side of {rec.op} at {loc}: its trace window is too short to "
-                           f"tell whether it posted the match.")
+            f["look_first"] = {"ranks": [c], "rank": c, "reason": "unverified", "versus": [a]}
         return f, [k.node], {a} | ({c} if c is not None else set())

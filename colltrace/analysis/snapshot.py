@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import bisect
 
+from colltrace import origins
+
 PENDING = frozenset(("waiting", "in_flight"))
 PENDING_OR_FAILED = PENDING | {"failed"}
 # What the backend runs for a p2p op -> what the peer must post to match it.
@@ -86,6 +88,8 @@ class RankView:
         self.status = str(entry.get("status") or "unknown")
         self.host = entry.get("host")
         self.pid = entry.get("pid")
+        # where this rank's torch, stdlib and packages are: tells its own frames from the rest
+        self.origins = origins.for_roots(entry.get("roots"))
         if self.status == "unreadable":
             raise Unreadable(str(entry.get("error") or "unreadable"))
         ex = entry.get("exit")

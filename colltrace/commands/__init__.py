@@ -8,8 +8,9 @@ class UsageError(Exception):
 from colltrace.commands.analyze import AnalyzeCommand  # noqa: E402
 from colltrace.commands.dashboard import DashboardCommand  # noqa: E402
 from colltrace.commands.dump import DumpCommand  # noqa: E402
+from colltrace.commands.export import ExportCommand  # noqa: E402
 from colltrace.commands.lint import LintCommand  # noqa: E402
 from colltrace.commands.run import RunCommand  # noqa: E402
 from colltrace.commands.watch import WatchCommand  # noqa: E402
 
-COMMANDS = [RunCommand, DumpCommand, AnalyzeCommand, WatchCommand, DashboardCommand, LintCommand]
+COMMANDS = [RunCommand, DumpCommand, AnalyzeCommand, ExportCommand, WatchCommand, DashboardCommand, LintCommand]

@@ -6,13 +6,14 @@ import sys
 from colltrace import trace
 
 
-def _where(frames) -> str:
-    from colltrace.analysis.report import user_location
+def _where(frames, roots=None) -> str:
+    from colltrace.analysis.report import located
 
-    return user_location(frames) or ""
+    return located(frames, roots) or ""
 
 
-def timeline(ranks: dict, last: int | None) -> str:
+def timeline(ranks: dict, last: int | None, roots: dict | None = None) -> str:
+    """`roots`: {rank: its recorded roots}, to tell the user's frames from the frameworks'."""
     t0 = min((r["entered_at"] for recs in ranks.values() for r in recs), default=0.0)
     lines = []
     for rank, recs in ranks.items():
@@ -30,7 +31,7 @@ def timeline(ranks: dict, last: int | None) -> str:
                 dur = f" {1000 * (r['completed_at'] - r['entered_at']):.2f} ms"
             shapes = " ".join("x".join(map(str, s)) or "scalar" for s in r["shapes"][:3])
             lines.append(f"  {r['entered_at'] - t0:9.3f}s  group {r['group']:<4} {num:<8} {r['op']:<24} {r['state']:<9}{dur:<12} "
-                         f"{shapes} {','.join(sorted(set(r['dtypes'])))}  {_where(r['frames'])}")
+                         f"{shapes} {','.join(sorted(set(r['dtypes'])))}  {_where(r['frames'], (roots or {}).get(rank))}")
     return "\n".join(lines)
 
 
@@ -71,7 +72,8 @@ class DumpCommand:
             json.dump(out, sys.stdout, default=str)
             sys.stdout.write("\n")
         else:
-            sys.stdout.write(timeline(ranks, args.last) + "\n")
+            roots = {str(tr.rank): tr.meta.get("roots") for tr in traces}
+            sys.stdout.write(timeline(ranks, args.last, roots) + "\n")
         for p in problems:
             sys.stderr.write(f"colltrace: {p}\n")
         return 2 if problems and not ranks else 0

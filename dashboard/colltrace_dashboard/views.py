@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from colltrace.analysis import report
-from colltrace.analysis.report import format_ranks, short_ranks, user_location
+from colltrace.analysis.report import format_ranks, located, short_ranks
 
 MAX_RANK_CLASSES = 40      # rows of the rank view; the rest are counted
 MAX_GROUPS = 24            # groups listed; groups beyond that whose members are in step are counted
@@ -47,19 +47,11 @@ def _int_ranks(table: dict) -> list[tuple[int, dict]]:
 
 # -- findings -----------------------------------------------------------------------------------
 def _stack_classes(finding: dict) -> tuple[list[dict], str | None]:
-    """report.render_stack_classes (the CLI's text) as rows: [{"ranks", "stack"}], and its
-    "… N more classes" line."""
-    rows, more = [], None
-    text = report.render_stack_classes(finding)
-    for line in text.splitlines()[1:]:
-        line = line.strip()
-        if line.startswith("…"):
-            more = line.lstrip("… ").strip()
-            continue
-        head, sep, label = line.partition(":")
-        if sep:
-            rows.append({"ranks": head.strip(), "stack": label.strip()})
-    return rows, more
+    """The finding's stack classes, from the reporter's data (the CLI's text is rendered from
+    the same rows): [{"ranks", "stack"}], and the "N more classes" note."""
+    rows, more = report.stack_classes(finding)
+    note = f"{more['classes']} more classes ({more['ranks']} ranks)" if more else None
+    return [{"ranks": row["ranks_text"], "stack": row["stack"]} for row in rows], note
 
 
 def finding_view(finding: dict) -> dict:
@@ -76,7 +68,8 @@ def finding_view(finding: dict) -> dict:
     return {"kind": str(finding.get("kind") or "finding"), "key": str(finding.get("key") or text[:80]),
             "detected_at": _num(finding.get("detected_at")), "group": group.get("name"), "seq": finding.get("seq"),
             "missing_ranks": format_ranks(missing) if all(isinstance(r, int) for r in missing) else "",
-            "paragraph": text, "stacks": stacks, "more_stacks": more}
+            "paragraph": text, "stacks": stacks, "more_stacks": more,
+            "look_first": finding.get("look_first") if isinstance(finding.get("look_first"), dict) else None}
 
 
 # -- ranks ----------------------------------------------------------------------------------------
@@ -95,12 +88,12 @@ def rank_state(entry: dict, now: float) -> dict:
     if current is not None:
         out.update(state=current.get("state"), op=current.get("op"), group=current.get("group"),
                    seq=current.get("seq"), peer=current.get("peer") if current.get("p2p") else None,
-                   where=user_location(current.get("frames")))
+                   where=located(current.get("frames"), entry.get("roots")))
         entered = _num(current.get("entered_at"))
         if entered is not None and status not in GONE:
             out["waiting_s"] = max(0.0, now - entered)
     elif entry.get("stack"):
-        out["where"] = user_location(entry.get("stack"))   # live stack: where a rank in no collective is
+        out["where"] = located(entry.get("stack"), entry.get("roots"))   # live stack: where a rank in no collective is
     if status == "unreadable":
         out["where"] = str(entry.get("error") or "unreadable")
     return out
@@ -203,13 +196,13 @@ def _natural(s: str):
 
 
 # -- timeline ---------------------------------------------------------------------------------------
-def _event(r: dict, now: float, alive: bool) -> dict:
+def _event(r: dict, now: float, alive: bool, roots=None) -> dict:
     entered = _num(r.get("entered_at"))
     done = _num(r.get("completed_at"))
     out = {"op": str(r.get("op") or "?"), "group": r.get("group"), "seq": r.get("seq"), "seq_end": r.get("seq_end"),
            "state": str(r.get("state") or "?"), "p2p": bool(r.get("p2p")), "peer": r.get("peer"),
            "count": r.get("count") or 1, "entered_at": entered, "duration_s": None, "waiting_s": None,
-           "where": user_location(r.get("frames"))}
+           "where": located(r.get("frames"), roots)}
     if entered is not None and done is not None:
         out["duration_s"] = max(0.0, done - entered)
     elif entered is not None and r.get("state") in PENDING and alive:
@@ -226,7 +219,7 @@ def timeline_view(snap: dict, now: float) -> dict:
         row = rows.get(sig)
         if row is None:
             alive = entry.get("status") not in GONE
-            rows[sig] = {"ranks": [rank], "events": [_event(r, now, alive) for r in recs]}
+            rows[sig] = {"ranks": [rank], "events": [_event(r, now, alive, entry.get("roots")) for r in recs]}
         else:
             row["ranks"].append(rank)
     ordered = sorted(rows.values(), key=lambda r: r["ranks"][0])

@@ -12,6 +12,7 @@ import random
 import pytest
 
 from colltrace.analysis import HANG_KINDS, analyze, render_report
+from colltrace import origins
 from colltrace.analysis import report as report_mod
 
 T = 1_000.0            # when the stuck collectives were entered
@@ -19,6 +20,10 @@ STALL = 30.0
 TORCH = {"file": "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", "line": 4000,
          "func": "barrier"}
 COLLTRACE = {"file": "/venv/lib/python3.11/site-packages/colltrace/shim.py", "line": 200, "func": "wrapper"}
+# Where the ranks' torch, stdlib and packages are, as each rank records it (colltrace.origins).
+ROOTS = {"stdlib": ["/usr/lib/python3.11"], "site": ["/venv/lib/python3.11/site-packages"],
+         "torch": ["/venv/lib/python3.11/site-packages/torch"],
+         "colltrace": ["/venv/lib/python3.11/site-packages/colltrace"], "user_packages": []}
 
 
 # -- snapshot builders ----------------------------------------------------------------------
@@ -40,7 +45,7 @@ class Job:
             self.groups[name] = {"name": name, "desc": desc, "ranks": list(ranks)}
         self.entries = {r: {"rank": r, "pid": 100 + r, "host": "node0", "status": "alive", "exit": None,
                             "died_at": None, "heartbeat": T + 100, "error": None, "progress": {}, "records": [],
-                            "stack": None, "stack_at": None, "fault": None} for r in range(n)}
+                            "stack": None, "stack_at": None, "fault": None, "roots": ROOTS} for r in range(n)}
         self.ids = {r: 0 for r in range(n)}
 
     def op(self, ranks, group, seq, op, state="completed", at="train.py:10", func="step", t=None, backend_op=None,
@@ -665,13 +670,32 @@ def test_format_ranks(ranks, text):
 
 
 def test_user_location_skips_torch_colltrace_and_stdlib_frames():
-    assert report_mod.user_location(frames("checkpoint.py:302", "save")) == "checkpoint.py:302 (save)"
+    mark = origins.Origins(ROOTS).annotate
+    assert report_mod.user_location(mark(frames("checkpoint.py:302", "save"))) == "checkpoint.py:302 (save)"
     ctypes_frame = {"file": "/usr/lib/python3.11/ctypes/__init__.py", "line": 519, "func": "string_at"}
     lib_frame = {"file": "/venv/lib/python3.11/site-packages/lightning/strategy.py", "line": 7, "func": "barrier"}
-    assert report_mod.user_location(frames("model.py:41", "crash")[:2] + [ctypes_frame]) == "model.py:41 (crash)"
-    assert report_mod.user_location(frames("model.py:41")[:2] + [lib_frame, TORCH]) == "strategy.py:7 (barrier)"
-    assert report_mod.user_location([TORCH]) == "distributed_c10d.py:4000 (barrier)"
+    assert report_mod.user_location(mark(frames("model.py:41", "crash")[:2] + [ctypes_frame])) == "model.py:41 (crash)"
+    # through a framework: the user's line first, then the framework's call it went through
+    assert (report_mod.user_location(mark(frames("model.py:41")[:2] + [lib_frame, TORCH]))
+            == "model.py:41 (f) calling lightning.barrier() (strategy.py:7)")
+    assert (report_mod.user_location(mark([lib_frame, TORCH]))
+            == "lightning's strategy.py:7 (barrier) (no frame of your code on the stack)")
+    assert report_mod.user_location(mark([TORCH])) == "distributed_c10d.py:4000 (barrier) (no frame of your code on the stack)"
     assert report_mod.user_location([]) is None
+
+
+@pytest.mark.parametrize("home", ["/home/u/colltrace", "/home/u/torch", "/home/u/lib/python3.11", "/srv/lib/python3"])
+def test_a_project_in_a_folder_named_like_torch_colltrace_or_lib_is_the_users(home):
+    """Origins come from the rank's roots, not from words in the path."""
+    o = origins.Origins(ROOTS)
+    assert o.classify(f"{home}/train.py") == ("user", None)
+    assert o.classify(f"{home}/colltrace/torch/lib/python3.11/model.py") == ("user", None)
+    assert o.classify(TORCH["file"]) == ("internal", "torch")
+    assert o.classify(COLLTRACE["file"]) == ("internal", "colltrace")
+    assert o.classify("/usr/lib/python3.11/ctypes/__init__.py") == ("internal", "python")
+    assert o.classify("/venv/lib/python3.11/site-packages/accelerate/accelerator.py") == ("framework", "accelerate")
+    mine = origins.Origins(dict(ROOTS, user_packages=["accelerate"]))
+    assert mine.classify("/venv/lib/python3.11/site-packages/accelerate/accelerator.py") == ("user", None)
 
 
 def test_stack_classes_group_ranks_with_the_same_stack_into_ranges():
@@ -699,3 +723,58 @@ def test_long_rank_lists_are_abbreviated_in_prose_not_in_data():
     assert len(f["ranks"]) == n // 8 and f["missing_ranks"] == [8]
     assert len(f["summary"]) < 1500
     assert "every 8" in f["summary"]
+
+
+# -- who to look at first, when no majority can tell ---------------------------------------------------------
+@pytest.mark.parametrize("odd", [0, 1])
+def test_one_against_one_blames_the_rank_that_left_its_own_pattern(odd):
+    """2 ranks: one alone enters a barrier in a rank-conditional branch while the other does its
+    ordinary training call. The job's history, not a coin toss, says which one to look at."""
+    job = Job(2).history("0", 6)
+    job.op(odd, "0", 7, "barrier", "waiting", at="model.py:42", func="training_step", t=T)
+    job.op(1 - odd, "0", 7, "all_reduce", "waiting", at="train.py:10", func="step", t=T)
+    f = only(analyze(job.snap(), STALL, T + 1), "mismatch")
+    assert f["look_first"]["rank"] == odd and f["look_first"]["reason"] == "left"
+    assert f["look_first"]["user_frame"] == 1 and f["look_first"]["framework_frame"] is None
+    assert [x["origin"] for x in f["ranks"][str(odd)]["frames"]] == ["user", "user", "internal", "internal"]
+    assert f["advice"].startswith("Look first at model.py:42 (training_step)"), f["advice"]
+    assert f"rank {odd} calls barrier where rank {1 - odd} calls all_reduce" in f["advice"]
+    assert f"In earlier iterations rank {odd} made another call at this point: it left its own pattern" in f["advice"]
+
+
+def test_one_against_one_without_history_shows_both_sides_equally():
+    job = Job(2)
+    job.op(0, "0", 1, "barrier", "waiting", at="model.py:42", func="training_step", t=T)
+    job.op(1, "0", 1, "all_reduce", "waiting", at="train.py:10", func="step", t=T)
+    f = only(analyze(job.snap(), STALL, T + 1), "mismatch")
+    assert f["look_first"]["rank"] is None and f["look_first"]["reason"] == "undecided"
+    assert [s["ranks"] for s in f["look_first"]["sides"]] == [[0], [1]]
+    assert ("Look first at both sides of collective #1 on group 0: rank 0 calls barrier at model.py:42 "
+            "(training_step), called from train.py:900 (main); rank 1 calls all_reduce at train.py:10 (step)") in f["advice"]
+    assert "Neither the job's history nor a majority tells" in f["advice"]
+
+
+def test_a_deadlock_blames_the_waiter_that_left_its_pattern_not_the_rank_at_its_routine_call():
+    """Rank 0 alone enters a barrier on the training group (a branch), rank 1 sits in its usual
+    all-reduce on the other group: rank 0 is the odd one."""
+    job = Job(2, {"1": ("data", [0, 1])}).history("0", 5).history("1", 5)
+    job.op(0, "0", 6, "barrier", "waiting", at="model.py:42", func="training_step", t=T)
+    job.op(1, "1", 6, "all_reduce", "waiting", at="train.py:10", func="step", t=T)
+    f = only(analyze(job.snap(), STALL, T + 40), "deadlock")
+    assert f["look_first"]["rank"] == 0 and f["look_first"]["reason"] == "left"
+    assert f["advice"].startswith("Look first at model.py:42 (training_step)"), f["advice"]
+
+
+def test_user_packages_setting_reaches_the_recorded_roots():
+    from colltrace import config
+
+    s = config.load({"COLLTRACE": "1", "COLLTRACE_USER_PACKAGES": " mylib, other_lib ,bad-name"})
+    assert s.user_packages == ("mylib", "other_lib") and any("bad-name" in w for w in s.warnings)
+    roots = origins.local_roots(s.user_packages)
+    assert roots["user_packages"] == ["mylib", "other_lib"]
+    import pytest as installed   # an installed package: a framework, unless named as the user's
+    path = installed.__file__
+    assert origins.Origins(origins.local_roots()).classify(path) == ("framework", "pytest")
+    assert origins.Origins(origins.local_roots(["pytest"])).classify(path) == ("user", None)
+    assert origins.Origins(origins.local_roots()).classify(origins.__file__) == ("internal", "colltrace")
+    assert origins.Origins(origins.local_roots()).classify(json.__file__) == ("internal", "python")

@@ -1,0 +1,116 @@
+"""Instructions per traced collective, counted by valgrind's callgrind: a deterministic figure.
+
+    python benchmarks/instructions.py [--small 100] [--large 500]
+
+Wall-clock ratios on a shared 2-core machine move by ±5 % from run to run; an instruction count
+does not. One process, a world of 1 (gloo, HashStore, no watchdog), a loop of 1-element
+all_reduce calls; callgrind counts only inside the loop (instrumentation switched on and off
+around it with callgrind_control). Each mode runs twice, with `--small` and `--large` calls, and
+the difference divided by the difference in calls is the cost of one call, with the fixed cost of
+switching the counter on and off cancelled out. Modes: untraced, traced (colltrace.install():
+the route this torch uses), flightrec (PyTorch's Flight Recorder, TORCH_FR_BUFFER_SIZE=2000).
+Needs valgrind (apt-get install valgrind).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+LOOP = r"""
+import os, subprocess, sys
+mode, n = sys.argv[1], int(sys.argv[2])
+import torch, torch.distributed as dist
+if mode == "traced":
+    import colltrace; colltrace.install()
+torch.manual_seed(0)
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+x = torch.ones(1)
+f = dist.all_reduce
+for _ in range(50):      # warm: every stack and signature interned, every cache filled
+    f(x)
+def toggle(on):
+    subprocess.run(["callgrind_control", "-i", "on" if on else "off", str(os.getpid())],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+toggle(True)
+for _ in range(n):
+    f(x)
+toggle(False)
+dist.destroy_process_group()
+"""
+
+MODES = ("untraced", "traced", "flightrec")
+
+
+def count(mode: str, calls: int, tmp: str) -> int:
+    """Instructions callgrind counted inside the loop of `calls` calls."""
+    script = os.path.join(tmp, "loop.py")
+    if not os.path.exists(script):
+        with open(script, "w") as f:
+            f.write(LOOP)
+    out_dir = tempfile.mkdtemp(dir=tmp)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COLLTRACE", "TORCH_FR", "TORCH_NCCL_TRACE"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONHASHSEED="0", COLLTRACE_DIR=os.path.join(out_dir, "trace"),
+               COLLTRACE_WATCHDOG="off")
+    if mode == "flightrec":
+        env["TORCH_FR_BUFFER_SIZE"] = "2000"
+    # sys.executable, not a launcher script (pyenv's shims are shell scripts valgrind would trace instead).
+    cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+           f"--callgrind-out-file={out_dir}/cg.%p", sys.executable, script, mode, str(calls)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{mode} x{calls} failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
+    total = 0
+    for path in glob.glob(os.path.join(out_dir, "cg.*")):
+        with open(path) as f:
+            for line in f:
+                if line.startswith("totals:"):
+                    total += int(line.split()[1])
+    if not total:
+        raise RuntimeError(f"{mode} x{calls}: callgrind counted nothing (is callgrind_control on PATH?)")
+    return total
+
+
+def per_call(small: int, large: int) -> dict[str, float]:
+    """{mode: instructions per call}, measured as the slope between `small` and `large` calls."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        raise RuntimeError("valgrind is not installed (apt-get install valgrind)")
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in MODES:
+            a, b = count(mode, small, tmp), count(mode, large, tmp)
+            out[mode] = (b - a) / (large - small)
+    return out
+
+
+def report(figures: dict[str, float]) -> str:
+    base = figures["untraced"]
+    lines = ["instructions per 1-element all_reduce (callgrind, world of 1, gloo):"]
+    for mode in MODES:
+        v = figures[mode]
+        lines.append(f"  {mode:<10} {v:10,.0f}   ({v / base:5.2f}x, {v - base:+10,.0f} beyond untraced)")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--small", type=int, default=100, help="calls in the short run")
+    ap.add_argument("--large", type=int, default=500, help="calls in the long run")
+    args = ap.parse_args()
+    if not 0 < args.small < args.large:
+        ap.error("need 0 < --small < --large")
+    try:
+        figures = per_call(args.small, args.large)
+    except RuntimeError as exc:
+        print(f"instructions: {exc}", file=sys.stderr)
+        return 2
+    print(report(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""The culprits: the ranks whose own state explains every other rank's wait (root cause, not
+consequences), read from the findings alone.
+
+    c = culprits.explain(findings)    # {"culprits": [12, 14], "reasons": {...}, "others": [...], ...}
+
+Findings already follow the wait graph to where each wait starts (a rank that only waits for
+another is credited to that one's problem), so each names its own root:
+
+- mismatch: the ranks of the smallest class of calls (the odd call out); a tie names them all;
+- dead_rank: the rank; deadlock: the ranks that made the cycle's odd call;
+- stall (arrival), unmatched_p2p, unverified p2p: the ranks that never arrived or posted;
+- a collective that some members completed and others did not: the ones that did not (they
+  stopped first in that group's sequence, whatever they were doing);
+- a collective or transfer that no member completes, where everyone arrived: a consequence when
+  any of the above exists (work queued behind a stuck rank on the same GPU or stream); else its
+  ranks are the culprits (the backend itself hangs there).
+
+No table of framework group names: only groups, sequence numbers and who waits on whom.
+"""
+from __future__ import annotations
+
+from colltrace.reporters import text as report   # rank lists and joins in the reasons
+
+CERTAIN = ("mismatch", "dead_rank", "deadlock")
+
+
+def _op(f: dict) -> str:
+    """The collective's name, from the first rank in it ("" when none says)."""
+    for e in (f.get("ranks") or {}).values():
+        if isinstance(e, dict) and e.get("seq") == f.get("seq") and e.get("op"):
+            return f"{e['op']} "
+    return ""
+
+
+def _minority(f: dict) -> list[int]:
+    classes = [c for c in f.get("classes") or () if c.get("ranks")]
+    if not classes:
+        return []
+    smallest = min(len(c["ranks"]) for c in classes)
+    odd = [c for c in classes if len(c["ranks"]) == smallest]
+    if len(odd) == len(classes) and len(classes) > 1:
+        return sorted({r for c in classes for r in c["ranks"]})
+    return sorted({r for c in odd for r in c["ranks"]})
+
+
+def _roots(f: dict) -> tuple[str, list[int], str]:
+    """(strength, ranks, why) for one finding. strength: "root", "lag", "backend" or ""."""
+    kind = f.get("kind")
+    g = (f.get("group") or {}).get("name")
+    where = f"{_op(f)}#{f.get('seq')} on group {g}"
+    if kind == "mismatch":
+        rs = _minority(f)
+        odd = [c for c in f.get("classes") or () if set(c.get("ranks") or ()) & set(rs)]
+        rest = [c for c in f.get("classes") or () if c not in odd]
+        differs = [d.replace("_", " ") for d in f.get("differs") or ()]
+        if odd and rest and "op" in differs:
+            why = (f"called {odd[0].get('op')} where {report.rank_word(rest[0]['ranks'])} called "
+                   f"{rest[0].get('op')}, as #{f.get('seq')} on group {g}")
+        else:
+            why = f"called {where} with different {report._and(differs) or 'arguments'} than the other members"
+        return "root", rs, why
+    if kind == "dead_rank":
+        return "root", [int(f["rank"])], "died (or exited) while the others still needed it"
+    if kind == "deadlock":
+        cyc = f.get("cycle") or [{}]
+        first = cyc[0]
+        why = f"waited in {first.get('op')} #{first.get('seq')} on group {first.get('group')}"
+        if first.get("missing"):
+            why += f", which {report.rank_word(first['missing'])} never called"
+            other = next((c for c in cyc[1:] if set(c.get("waiting") or ()) & set(first["missing"])), None)
+            if other:
+                why += f" (waiting in {other.get('op')} #{other.get('seq')} on group {other.get('group')} instead)"
+        return "root", sorted(first.get("waiting") or []), why + ": a wait cycle"
+    if kind == "unmatched_p2p":
+        return "root", [int(f["peer"])], f"never posted the op matching rank {f.get('rank')}'s {f.get('op')}"
+    if kind != "stall":
+        return "", [], ""
+    if f.get("p2p"):
+        if f.get("stage") == "unverified" and f.get("peer") is not None:
+            return "root", [int(f["peer"])], f"showed no op matching rank {f.get('rank')}'s {f.get('op')}"
+        return "backend", sorted(int(r) for r in f.get("ranks", {})), "posted a transfer that never completes"
+    if f.get("stage") == "completion":
+        if f.get("completed_ranks"):
+            return "lag", sorted(f.get("waiting") or []), (f"did not complete {where}, which "
+                                                           f"{report.rank_word(f['completed_ranks'])} completed")
+        return "backend", sorted(f.get("waiting") or []), f"entered {where} with everyone, and it never completes"
+    rs = sorted(set(f.get("missing_ranks") or []) | set(f.get("unknown_ranks") or []))
+    waiting = f.get("waiting") or []
+    return "root", rs, (f"never entered {where}" + (f", where {report.rank_word(waiting)} waited" if waiting else ""))
+
+
+def _waiters(f: dict) -> set[int]:
+    """Ranks this finding shows waiting on others (not the ones waited for)."""
+    if f.get("kind") == "unmatched_p2p" or (f.get("kind") == "stall" and f.get("stage") == "unverified"):
+        return {int(f["rank"])} if f.get("rank") is not None else set()
+    if f.get("kind") == "stall" and f.get("stage") != "completion":
+        return set(f.get("waiting") or [])
+    return set()
+
+
+def explain(findings: list[dict]) -> dict:
+    """{"culprits": sorted ranks, "reasons": {rank: [why, ...]}, "others": the ranks that only wait,
+    "consequences": keys of the findings that name no culprit}; reporters.text.culprit_paragraph
+    renders it."""
+    hang = [f for f in findings if isinstance(f, dict) and f.get("kind") != "duplicate_data"]
+    by: dict[str, dict[int, list[str]]] = {"root": {}, "lag": {}, "backend": {}}
+    for f, (strength, ranks, why) in [(f, _roots(f)) for f in hang]:
+        for r in ranks if strength else ():
+            by[strength].setdefault(r, []).append(why)
+    named = [(f, _roots(f)) for f in hang]
+    waiting = set().union(*(_waiters(f) for f in hang)) if hang else set()
+    chosen = dict(by["root"])
+    for r, why in by["lag"].items():
+        # lagging in one group while waiting for others elsewhere: a consequence, not a cause
+        if r not in waiting or r in chosen:
+            chosen.setdefault(r, []).extend(why)
+    if not chosen:
+        chosen = by["backend"]
+    culprits = sorted(chosen)
+    involved = set()
+    for f in hang:
+        involved.update(int(r) for r in (f.get("ranks") or {}))
+        involved.update(f.get("behind") or [])
+        involved.update(f.get("waiting") or [] if isinstance(f.get("waiting"), list) and
+                        all(isinstance(x, int) for x in f.get("waiting")) else [])
+    others = sorted(involved - set(culprits))
+    reasons = {str(r): sorted(set(chosen[r]), key=chosen[r].index) for r in culprits}
+    # findings that name no culprit as their own root: work stuck behind the culprits
+    consequences = [f.get("key") for f, (_, ranks, _) in named if not set(ranks) & set(culprits)]
+    return {"culprits": culprits, "reasons": reasons, "others": others, "consequences": consequences}
+

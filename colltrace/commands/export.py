@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from colltrace import postmortem, trace
+
+
+class ExportCommand:
+    name = "export"
+    help = "Write a Chrome/Perfetto timeline (ui.perfetto.dev) of a trace folder or of Flight Recorder dumps."
+
+    def prepare_parser(self, p):
+        p.add_argument("dir", help="the trace folder, or a folder of Flight Recorder dumps")
+        p.add_argument("--perfetto", metavar="OUT.json", required=True,
+                       help="the file to write (Chrome trace event JSON; open it in ui.perfetto.dev)")
+        p.add_argument("--prefix", default=None, help="Flight Recorder dumps: the file name before the rank")
+        p.add_argument("--stall-s", type=float, default=None, help="stall threshold for the findings drawn")
+
+    def run(self, args, parser) -> int:
+        from colltrace import timeline
+        from colltrace.analysis import analyze, culprits
+        from colltrace.commands import UsageError
+
+        try:
+            snap = postmortem.load(args.dir, args.prefix)
+        except trace.TraceError as exc:
+            raise UsageError(str(exc)) from None
+        stall_s = args.stall_s if args.stall_s is not None else trace.job_stall_s(snap)
+        findings = analyze(snap, stall_s=stall_s, now=snap["taken_at"])
+        doc = timeline.build(snap, findings, culprits.explain(findings)["culprits"])
+        tmp = args.perfetto + ".tmp"
+        try:
+            with open(tmp, "w") as f:
+                json.dump(doc, f, default=str)
+            os.replace(tmp, args.perfetto)
+        except OSError as exc:
+            raise UsageError(f"{args.perfetto}: cannot be written ({exc.strerror or exc})") from None
+        n = sum(1 for e in doc["traceEvents"] if e["ph"] == "X")
+        sys.stderr.write(f"colltrace: wrote {args.perfetto} ({len(snap['ranks'])} ranks, {n} slices, "
+                         f"{len(findings)} findings); open it in https://ui.perfetto.dev\n")
+        return 0

@@ -1,0 +1,28 @@
+"""Loads a post-mortem folder into the analyzer's snapshot: colltrace's own traces, or PyTorch
+Flight Recorder dumps; a folder with neither is bad input, never an empty (healthy) snapshot."""
+from __future__ import annotations
+
+import os
+
+from colltrace import frdump, trace
+
+
+def load(directory: str, prefix: str | None = None) -> dict:
+    """The snapshot of DIR. Raises trace.TraceError (one line naming the folder or file)."""
+    if not os.path.isdir(directory):
+        raise trace.TraceError(f"{directory}: no such folder")
+    if trace.rank_files(directory) or os.path.exists(os.path.join(directory, "snapshot.json")):
+        return trace.load_snapshot(directory)
+    try:
+        dumps = frdump.read(directory, prefix)
+    except frdump.DumpError as exc:
+        raise trace.TraceError(str(exc)) from None
+    if not dumps:
+        what = f"files named {prefix}<rank>" if prefix is not None else "files named <prefix><rank>"
+        raise trace.TraceError(f"{directory}: no colltrace traces (rank-*.ring) and no Flight Recorder dumps "
+                               f"({what}) in this folder")
+    return frdump.to_snapshot(dumps, directory)
+
+
+def is_flight_recorder(snap: dict) -> bool:
+    return (snap.get("source") or {}).get("kind") == "flight_recorder"

@@ -1,0 +1,862 @@
+"""Findings as text a person can act on: one paragraph per finding, and ranks grouped into
+stack classes with rank ranges (like LLNL's STAT).
+
+Everything here reads the finding dict alone (as written to findings.jsonl), so the same text
+comes from a live watchdog and from `colltrace analyze` on a copied folder.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+from collections import Counter
+
+from colltrace.origins import FRAMEWORK, USER, for_roots, origin_of
+
+PENDING_STATES = ("waiting", "in_flight")
+MAX_CLASSES = 12          # stack classes shown per finding; the rest are counted
+MAX_RANKS_TEXT = 72       # longer rank lists are abbreviated in prose (the JSON has them all)
+_CPP_LOCATION = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|cu|h|hpp):\d+\] ")
+
+
+# -- ranks ----------------------------------------------------------------------------------
+def _sorted_ranks(ranks) -> list[int]:
+    return sorted({int(r) for r in ranks or ()})
+
+
+def format_ranks(ranks) -> str:
+    """[0, 1, 2, 3, 5, 7, 8] -> "0-3,5,7-8" (sorted, duplicates dropped)."""
+    rs = _sorted_ranks(ranks)
+    if not rs:
+        return ""
+    parts = []
+    start = prev = rs[0]
+    for r in rs[1:]:
+        if r == prev + 1:
+            prev = r
+            continue
+        parts.append(f"{start}-{prev}" if prev > start else str(start))
+        start = prev = r
+    parts.append(f"{start}-{prev}" if prev > start else str(start))
+    return ",".join(parts)
+
+
+def short_ranks(ranks, limit: int = MAX_RANKS_TEXT) -> str:
+    """format_ranks, abbreviated when long: "0-4088 every 8 (512 ranks)", "0-16383 except 8195"."""
+    rs = _sorted_ranks(ranks)
+    text = format_ranks(rs)
+    if len(text) <= limit or len(rs) < 3:
+        return text
+    # a regular layout with a few holes: one step, from first to last
+    step = Counter(b - a for a, b in zip(rs, rs[1:])).most_common(1)[0][0]
+    if step > 0 and all((r - rs[0]) % step == 0 for r in rs):
+        full = (rs[-1] - rs[0]) // step + 1
+        holes = full - len(rs)
+        if holes <= 3:
+            every = f" every {step}" if step > 1 else ""
+            text = f"{rs[0]}-{rs[-1]}{every}"
+            if holes:
+                have = set(rs)
+                text += " except " + ",".join(str(r) for r in range(rs[0], rs[-1] + 1, step) if r not in have)
+            return f"{text} ({len(rs)} ranks)" if step > 1 or holes else text
+    cut = text[:limit].rsplit(",", 1)[0]
+    return f"{cut},… ({len(rs)} ranks)"
+
+
+def rank_word(ranks) -> str:
+    """"rank 7" or "ranks 0-6"."""
+    rs = _sorted_ranks(ranks)
+    if not rs:
+        return "no rank"
+    return f"rank {rs[0]}" if len(rs) == 1 else f"ranks {short_ranks(rs)}"
+
+
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _verb(ranks, singular: str, plural: str) -> str:
+    return singular if len(set(ranks or ())) == 1 else plural
+
+
+# -- frames and locations -----------------------------------------------------------------
+# Frames carry their origin ("user", "framework" with its "package", "internal"), set by the
+# analyzer from the rank's recorded roots (colltrace.origins); a frame without one is the user's.
+def _is_user(f) -> bool:
+    return type(f) is dict and origin_of(f) == USER
+
+
+def user_frames(frames) -> list[dict]:
+    """The user's own frames, innermost last."""
+    if not isinstance(frames, list):
+        return []
+    return [f for f in frames if _is_user(f)]
+
+
+def frame_text(f: dict) -> str:
+    """"basename:line (func)"."""
+    try:
+        return _frame_text(f.get("file"), f.get("line", "?"), f.get("func"))
+    except TypeError:  # an unhashable field in a malformed frame
+        return _frame_text.__wrapped__(str(f.get("file")), str(f.get("line", "?")), str(f.get("func")))
+
+
+@functools.lru_cache(maxsize=4096)  # 16k ranks usually stand at a handful of lines
+def _frame_text(file, line, func) -> str:
+    name = os.path.basename(str(file or "?").replace("\\", "/")) or "?"
+    return f"{name}:{line} ({func or '?'})"
+
+
+def _api_text(f: dict) -> str:
+    """A framework's function the user called: "lightning.barrier() (ddp.py:300)"."""
+    name = os.path.basename(str(f.get("file") or "?").replace("\\", "/")) or "?"
+    return f"{f.get('package') or 'a library'}.{f.get('func') or '?'}() ({name}:{f.get('line', '?')})"
+
+
+def _innermost_user(frames) -> int | None:
+    if not isinstance(frames, list):
+        return None
+    for i in range(len(frames) - 1, -1, -1):
+        if _is_user(frames[i]):
+            return i
+    return None
+
+
+def _via(frames, i: int) -> dict | None:
+    """The framework call the user's frame i went through (the next frame in, if a framework's)."""
+    nxt = frames[i + 1] if i + 1 < len(frames) else None
+    return nxt if type(nxt) is dict and nxt.get("origin") == FRAMEWORK else None
+
+
+def user_location(frames) -> str | None:
+    """The user's innermost own frame, "basename:line (func)", with the framework call it went
+    through: "model.py:42 (training_step) calling lightning.barrier() (ddp.py:300)". Without
+    any frame of the user's: the innermost framework frame (else the innermost frame), saying
+    so. None without frames."""
+    if not frames or not isinstance(frames, list):
+        return None
+    i = _innermost_user(frames)
+    if i is not None:
+        text = frame_text(frames[i])
+        via = _via(frames, i)
+        return f"{text} calling {_api_text(via)}" if via else text
+    fw = next((f for f in reversed(frames) if type(f) is dict and f.get("origin") == FRAMEWORK), None)
+    if fw is not None:
+        return f"{fw.get('package') or 'a library'}'s {frame_text(fw)} (no frame of your code on the stack)"
+    last = frames[-1]
+    return f"{frame_text(last)} (no frame of your code on the stack)" if isinstance(last, dict) else None
+
+
+def located(frames, roots) -> str | None:
+    """user_location of frames straight from a trace (no origins marked yet), classified
+    against the rank's recorded roots (colltrace.origins)."""
+    if not frames or not isinstance(frames, list) or (type(frames[-1]) is dict and "origin" in frames[-1]):
+        return user_location(frames)
+    return user_location(for_roots(roots).annotate(frames))
+
+
+def call_site(frames) -> str | None:
+    """user_location plus where it is called from, when the call sits in a helper of the user's:
+    "distributed.py:57 (gather_batch), called from train.py:100 (serve_teacher)". The caller is
+    the nearest frame in another file (the way into the helper's module), else the direct one."""
+    loc = user_location(frames)
+    i = _innermost_user(frames)
+    if not loc or i is None:
+        return loc
+    # the user's frames calling straight into it (a framework's loop in between is no caller)
+    chain = []
+    j = i - 1
+    while j >= 0 and _is_user(frames[j]):
+        chain.append(frames[j])
+        j -= 1
+    if chain:
+        inner = frames[i].get("file")
+        caller = next((f for f in chain if f.get("file") != inner), chain[0])
+        loc += f", called from {frame_text(caller)}"
+    return loc
+
+
+def where(entry: dict) -> str:
+    return user_location(entry.get("frames")) or "an unknown place (no frames recorded)"
+
+
+# -- groups and ops ---------------------------------------------------------------------------
+def _group(finding: dict, name) -> dict | None:
+    table = finding.get("groups") or {}
+    g = table.get(str(name))
+    if g is None:
+        main = finding.get("group")
+        if isinstance(main, dict) and str(main.get("name")) == str(name):
+            g = main
+    return g if isinstance(g, dict) else None
+
+
+def group_phrase(finding: dict, name) -> str:
+    """"group 0 (default_pg, ranks 0-7)"."""
+    g = _group(finding, name)
+    if not g:
+        return f"group {name}"
+    bits = [b for b in (g.get("desc"), f"ranks {short_ranks(g.get('ranks'))}" if g.get("ranks") else "") if b]
+    return f"group {name} ({', '.join(bits)})" if bits else f"group {name}"
+
+
+def _direction(e: dict) -> str:
+    op = str(e.get("op") or "")
+    backend = str(e.get("backend_op") or op)
+    if backend == "batch_p2p":
+        return "with"
+    return "to" if backend == "send" or op in ("send", "isend", "send_object_list") else "from"
+
+
+def op_phrase(finding: dict, e: dict, full_group: bool = True) -> str:
+    """"barrier #5 on group 0 (default_pg, ranks 0-7)" or "recv from rank 3 (#2 between them) on group 0"."""
+    op = e.get("op") or "?"
+    grp = group_phrase(finding, e.get("group")) if full_group else f"group {e.get('group')}"
+    if e.get("p2p") and e.get("peer") is not None:
+        return f"{op} {_direction(e)} rank {e['peer']} (#{e.get('seq')} between them) on {grp}"
+    return f"{op} #{e.get('seq')} on {grp}"
+
+
+def seconds(x) -> str:
+    try:
+        return f"{float(x):.1f} s"
+    except (TypeError, ValueError):
+        return "? s"
+
+
+def _exit_text(e: dict) -> str:
+    """"died of SIGSEGV", "exited with code 1 (ValueError: bad batch)", "was killed (…)"."""
+    ex = e.get("exit") if isinstance(e.get("exit"), dict) else {}
+    if e.get("status") == "exited" or e.get("state") == "exited":
+        code = ex.get("code")
+        text = f"exited with code {code}" if code is not None else "exited"
+        if ex.get("exception"):
+            text += f" ({ex['exception']})"
+        return text
+    if ex.get("signal"):
+        return f"died of {ex['signal']}"
+    return "vanished (no exit record: killed by SIGKILL/SIGTERM, or died in native code)"
+
+
+def _shape_text(shapes) -> str:
+    try:
+        return ", ".join("x".join(str(d) for d in s) or "scalar" for s in shapes) or "none"
+    except TypeError:
+        return str(shapes)
+
+
+# -- classes ----------------------------------------------------------------------------------
+def classes(finding: dict, ranks, key=None) -> list[tuple[list[int], dict]]:
+    """Ranks grouped by what they do and where: [(ranks, a sample entry)], by first rank."""
+    table = finding.get("ranks") or {}
+    key = key or (lambda e: (e.get("state"), e.get("op"), e.get("group"), e.get("seq"), e.get("peer"), where(e)))
+    groups: dict = {}
+    unknown = {"state": "unknown"}
+    for r in _sorted_ranks(ranks):
+        e = table.get(str(r)) or unknown
+        k = key(e)
+        c = groups.get(k)
+        if c is None:
+            groups[k] = ([r], e)
+        else:
+            c[0].append(r)
+    return sorted(groups.values(), key=lambda c: c[0][0])
+
+
+def _who(finding: dict, ranks, group=None) -> str:
+    """rank_word, or for most of a large group: "511 ranks (all of group 1 but rank 8)"."""
+    rs = _sorted_ranks(ranks)
+    g = _group(finding, group) if group is not None else None
+    if g and len(rs) > 16:
+        rest = set(_sorted_ranks(g.get("ranks"))) - set(rs)
+        if len(rest) <= 8 and set(rs) <= set(_sorted_ranks(g.get("ranks"))):
+            but = f" but {rank_word(rest)}" if rest else ""
+            return f"{len(rs)} ranks (all of group {group}{but})"
+    return rank_word(rs)
+
+
+def _locations(finding: dict, ranks) -> str:
+    """"checkpoint.py:302 (save)" or "a.py:1 (f) (ranks 0-3), b.py:2 (g) (ranks 4-6)"."""
+    cs = classes(finding, ranks, key=lambda e: where(e))
+    if not cs:
+        return "an unknown place"
+    if len(cs) == 1:
+        return where(cs[0][1])
+    shown = [f"{where(e)} ({rank_word(rs)})" for rs, e in cs[:4]]
+    if len(cs) > 4:
+        shown.append(f"{len(cs) - 4} more places")
+    return ", ".join(shown)
+
+
+def _where_instead(finding: dict, rs: list[int], e: dict) -> str:
+    """What ranks that did not arrive are doing instead (one clause)."""
+    who = rank_word(rs)
+    state = e.get("state")
+    if state == "unreadable":
+        return f"{who} could not be read ({e.get('error') or 'unreadable'})"
+    if state == "unknown":
+        return f"{who} {_verb(rs, 'has', 'have')} no trace in this snapshot (another host, or not started)"
+    if state in ("dead", "exited"):
+        text = f"{who} {_exit_text(e)}"
+        if e.get("op"):
+            text += f" in {op_phrase(finding, e, full_group=False)} at {where(e)}"
+        return text
+    if state in PENDING_STATES:
+        text = f"{who} {_verb(rs, 'is', 'are')} in {op_phrase(finding, e)} at {where(e)}"
+        if e.get("waiting_for"):
+            text += f", waiting for {rank_word(e['waiting_for'])}"
+        return text
+    if e.get("frames"):
+        text = f"{who} {_verb(rs, 'is', 'are')} in no blocking collective: {_verb(rs, 'its', 'their')} live stack is at {where(e)}"
+        flight = [x for x in e.get("in_flight") or [] if isinstance(x, dict)]
+        if flight:
+            x = flight[-1]
+            text += f" (its {op_phrase(finding, x, full_group=False)} issued at {where(x)} is still in flight)"
+        return text
+    text = f"{who} {_verb(rs, 'is', 'are')} in no collective (no live stack available"
+    last = e.get("last")
+    if isinstance(last, dict) and last.get("op"):
+        text += (f"; {_verb(rs, 'its', 'their')} last collective was {last.get('op')} #{last.get('seq')} on group "
+                 f"{last.get('group')} at {where(last)}, {last.get('state')}")
+    return text + ")"
+
+
+def _missing_text(finding: dict, ranks) -> str:
+    cs = classes(finding, ranks)
+    parts = [_where_instead(finding, rs, e) for rs, e in cs[:6]]
+    if len(cs) > 6:
+        parts.append(f"{sum(len(rs) for rs, _ in cs[6:])} more ranks elsewhere")
+    return "; ".join(parts)
+
+
+def _sample(finding: dict, ranks) -> dict:
+    table = finding.get("ranks") or {}
+    return next((table[str(r)] for r in _sorted_ranks(ranks) if str(r) in table), {})
+
+
+def _waiters_clause(finding: dict, ranks, verb_s="waits", verb_p="wait", prep="in") -> str:
+    """"ranks 0-6 wait in barrier #5 on group 0 (...) at checkpoint.py:302 (save)"."""
+    sample = _sample(finding, ranks)
+    prep = f" {prep}" if prep else ""
+    return (f"{_who(finding, ranks, sample.get('group'))} {_verb(ranks, verb_s, verb_p)}{prep} "
+            f"{op_phrase(finding, sample)} at {_locations(finding, ranks)}")
+
+
+def _behind(finding: dict) -> str:
+    b = finding.get("behind") or []
+    return f" Also stuck behind this: {rank_word(b)}." if b else ""
+
+
+def _untraced(finding: dict) -> str:
+    out = ""
+    for n in finding.get("untraced_before") or []:
+        out += (f" {n.get('count')} untraced collective(s) (run by torch itself, e.g. DDP's C++ all-reduces) ran on "
+                f"group {n.get('group')} just before, on {rank_word(n.get('ranks'))}.")
+    return out
+
+
+def _unreadable(finding: dict) -> str:
+    u = finding.get("unreadable_ranks") or []
+    return f" Could not read {rank_word(u)}: the analysis did not see {_verb(u, 'it', 'them')}." if u else ""
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+# -- paragraphs -------------------------------------------------------------------------------
+def _call_text(c: dict) -> str:
+    """One mismatch class: "all_gather_object (allgather) with shape 4x8, bfloat16"."""
+    op = str(c.get("op") or "?")
+    backend = c.get("backend_op")
+    text = op
+    if backend and backend.replace("_", "") != op.replace("_", ""):
+        text += f" ({backend})"
+    extra = []
+    if "shapes" in c:
+        extra.append(f"shape {_shape_text(c['shapes'])}")
+    if "dtypes" in c:
+        extra.append(", ".join(str(d) for d in c["dtypes"] or ()) or "no dtype")
+    if "reduce_op" in c:
+        extra.append(f"reduce op {c['reduce_op']}")
+    if "root" in c:
+        extra.append(f"root rank {c['root']}")
+    text += " with " + ", ".join(extra) if extra else ""
+    if c.get("untraced"):
+        text += " (untraced: run by torch itself, e.g. DDP's gradient all-reduce; named by the Flight Recorder)"
+    return text
+
+
+def _mismatch(f: dict) -> str:
+    g = (f.get("group") or {}).get("name")
+    parts = [f"{rank_word(c.get('ranks'))} called {_call_text(c)} at {_locations(f, c.get('ranks'))}"
+             for c in f.get("classes") or []]
+    differs = [d.replace("_", " ") for d in f.get("differs") or ["?"]]
+    text = (f"Mismatch: collective #{f.get('seq')} on {group_phrase(f, g)} is not the same call on every rank: "
+            + "; ".join(parts) + f". They differ in {_and(differs)}.")
+    m = f.get("missing_ranks")
+    if m:
+        text += f" {_cap(rank_word(m))} {_verb(m, 'has', 'have')} not reached it yet."
+    return text + _untraced(f)
+
+
+def _deadlock(f: dict) -> str:
+    clauses = []
+    for item in f.get("cycle") or []:
+        waiting, missing = item.get("waiting") or [], item.get("missing") or []
+        if item.get("p2p"):
+            clauses.append(_waiters_clause(f, waiting) + f", whose matching op {rank_word(missing)} "
+                                                         f"{_verb(missing, 'has', 'have')} not posted")
+        else:
+            clauses.append(_waiters_clause(f, waiting) + f" for {rank_word(missing)}, which "
+                                                         f"{_verb(missing, 'has', 'have')} not entered it")
+    groups = sorted({str(i.get("group")) for i in f.get("cycle") or []}, key=_natural)
+    head = f"Deadlock across groups {_and(groups)}: " if len(groups) > 1 else f"Deadlock on group {_and(groups or ['?'])}: "
+    text = head + ": ".join(clauses) + (f". Nobody in this cycle can proceed (the longest has waited "
+                                        f"{seconds(f.get('waited_s'))}).")
+    dead = [int(r) for r, e in (f.get("ranks") or {}).items() if e.get("state") in ("dead", "exited")]
+    if dead:
+        text += f" {_cap(rank_word(dead))} {_verb(dead, 'has', 'have')} died since."
+    return text + _behind(f)
+
+
+def _stall(f: dict) -> str:
+    table = f.get("ranks") or {}
+    g = (f.get("group") or {}).get("name")
+    stage = f.get("stage")
+    waited = seconds(f.get("waited_s"))
+    if f.get("p2p"):
+        a, c = f.get("rank"), f.get("peer")
+        e = table.get(str(a), {})
+        text = f"Stall: rank {a} has waited {waited} in {op_phrase(f, e)} at {where(e)}"
+        if stage == "completion":
+            text += f"; rank {c} posted the matching op, but the transfer does not complete (transport or GPU)."
+        else:
+            text += f"; whether rank {c} posted the matching op cannot be told: its trace window is too short."
+        if c is not None and str(c) in table:
+            text += " " + _cap(_where_instead(f, [int(c)], table[str(c)])) + "."
+        return text + _behind(f)
+    waiting = f.get("waiting") or []
+    if stage == "completion":
+        sample = _sample(f, waiting)
+        done = f.get("completed_ranks") or []
+        text = (f"Stall: every member of {group_phrase(f, g)} entered {sample.get('op', 'collective')} #{f.get('seq')}"
+                f" at {_locations(f, waiting)}, but ")
+        if done:
+            text += (f"only {rank_word(done)} completed it; {_who(f, waiting, g)} {_verb(waiting, 'has', 'have')} "
+                     f"not, after {waited}")
+        else:
+            text += f"none has completed it after {waited}"
+        text += ": the collective itself is hung (a GPU kernel that does not finish, a network or transport fault)."
+        return text + _untraced(f) + _behind(f)
+    missing = (f.get("missing_ranks") or []) + (f.get("unknown_ranks") or [])
+    instead = _missing_text(f, missing)
+    text = (f"Stall: {_waiters_clause(f, waiting, f'has waited {waited}', f'have waited {waited}')}"
+            f" for {rank_word(missing)}, which {_verb(missing, 'has', 'have')} not entered it. {_cap(instead)}.")
+    dead = [r for r in waiting if (table.get(str(r)) or {}).get("state") in ("dead", "exited")]
+    if dead:
+        text += f" {_cap(rank_word(dead))} {_verb(dead, 'has', 'have')} died since, still waiting."
+    return text + _untraced(f) + _behind(f)
+
+
+def _unmatched(f: dict) -> str:
+    table = f.get("ranks") or {}
+    a, c = f.get("rank"), f.get("peer")
+    e = table.get(str(a), {})
+    posted = f.get("posted")
+    want = {"send": "recv", "recv": "send"}.get(str(e.get("backend_op") or ""), "matching op")
+    count = f" (it posted {posted} to rank {a} so far)" if isinstance(posted, int) else ""
+    text = (f"Unmatched p2p: rank {a} has waited {seconds(f.get('waited_s'))} in {op_phrase(f, e)} at {where(e)}, "
+            f"but rank {c} has not posted the matching {want}{count}.")
+    if str(c) in table:
+        text += " " + _cap(_where_instead(f, [int(c)], table[str(c)])) + "."
+    return text + _behind(f)
+
+
+def _dead_rank(f: dict) -> str:
+    table = f.get("ranks") or {}
+    d = f.get("rank")
+    e = table.get(str(d), {})
+    text = f"Dead rank: rank {d}"
+    if e.get("host"):
+        text += f" (on {e['host']})"
+    text += f" {_exit_text(e)}"
+    if e.get("stack"):
+        text += f"; it was at {user_location(e['stack'])} when it died"
+    text += "."
+    last = f.get("last_collective")
+    if isinstance(last, dict) and last.get("op"):
+        state = {"waiting": "it died inside it", "in_flight": "still in flight", "completed": "completed",
+                 "failed": "it failed"}.get(last.get("state"), last.get("state"))
+        text += (f" Its last collective was {last.get('op')} #{last.get('seq')} on {group_phrase(f, last.get('group'))}"
+                 f" at {where(last)} ({state}).")
+    waits = f.get("waiting") or []
+    for w in waits:
+        rs = w.get("ranks") or []
+        sample = _sample(f, rs)
+        text += (f" It leaves {_who(f, rs, sample.get('group'))} waiting forever in {op_phrase(f, sample)} at "
+                 f"{_locations(f, rs)} ({seconds(w.get('waited_s'))} so far).")
+    also = f.get("also_missing") or []
+    if also:
+        described = [r for r in _sorted_ranks(also) if str(r) in table]
+        text += f" {_cap(rank_word(also))} {_verb(also, 'has', 'have')} not entered it either"
+        text += f": {_missing_text(f, described)}." if described else "."
+    for x in f.get("failed") or []:
+        rs = x.get("ranks") or []
+        sample = _sample(f, rs)
+        err = f" ({_first_line(x.get('error'))})" if x.get("error") else ""
+        text += (f" {_cap(_who(f, rs, sample.get('group')))} failed in {op_phrase(f, sample)} at "
+                 f"{_locations(f, rs)} because of it{err}.")
+    if not waits and not f.get("failed"):
+        text += " No rank waits for it yet."
+    return text + _behind(f)
+
+
+def _first_line(text, limit: int = 160) -> str:
+    """An error's first line, without the C++ source location gloo/NCCL put in front."""
+    line = str(text).strip().splitlines()[0] if str(text).strip() else ""
+    line = _CPP_LOCATION.sub("", line)
+    return line if len(line) <= limit else line[:limit - 1] + "…"
+
+
+def _duplicate(f: dict) -> str:
+    table = f.get("ranks") or {}
+    rs = _sorted_ranks(table)
+    sample = _sample(f, rs)
+    g = (f.get("group") or {}).get("name")
+    seqs = f.get("seqs") or []
+    span = f" (#{seqs[0]}-#{seqs[-1]})" if len(seqs) > 1 else ""
+    return (f"Identical data: {rank_word(rs)} sent byte-identical {_shape_text(sample.get('shapes'))} "
+            f"{','.join(sample.get('dtypes') or []) or ''} tensors to {sample.get('op')} on {group_phrase(f, g)} at "
+            f"{_locations(f, rs)} in {f.get('identical_calls')} of the last {f.get('calls')} calls{span}. Ranks that "
+            f"split the data normally send different batches. This is no hang: the job goes on, silently training on "
+            f"duplicated data.")
+
+
+def _natural(s: str):
+    return (0, int(s), "") if s.isdigit() else (1, 0, s)
+
+
+# -- look first -------------------------------------------------------------------------------
+def _its(ranks) -> str:
+    return _verb(ranks, "its", "their")
+
+
+def _it(ranks) -> str:
+    return _verb(ranks, "it", "they")
+
+
+def _history_clause(look: dict) -> str:
+    """Why this side and not the other, from the job's own history."""
+    rs, vs = look.get("ranks") or [], look.get("versus") or []
+    why = look.get("reason")
+    if why == "left":
+        return (f" In earlier iterations {rank_word(rs)} made another call at this point: {_it(rs)} left "
+                f"{_its(rs)} own pattern, while {rank_word(vs)} {_verb(vs, 'keeps', 'keep')} to {_its(vs)}.")
+    if why == "new":
+        return (f" {_cap(rank_word(rs))} never made this call before, while {rank_word(vs)} "
+                f"{_verb(vs, 'repeats', 'repeat')} {_its(vs)} usual one.")
+    return ""
+
+
+def _advice_mismatch(f: dict, look: dict) -> str:
+    table = f.get("ranks") or {}
+    cls = [c for c in f.get("classes") or [] if c.get("ranks")]
+    g, seq = (f.get("group") or {}).get("name"), f.get("seq")
+    if look.get("reason") == "undecided" or look.get("rank") is None:
+        sides = [f"{rank_word(c['ranks'])} {_verb(c['ranks'], 'calls', 'call')} {c.get('op')} at "
+                 f"{call_site((table.get(str(sorted(c['ranks'])[0])) or {}).get('frames')) or 'an unknown place'}"
+                 for c in cls]
+        return (f"Look first at both sides of collective #{seq} on group {g}: " + "; ".join(sides) +
+                ". Neither the job's history nor a majority tells which side left the pattern.")
+    odd = set(look.get("ranks") or [])
+    mine = next((c for c in cls if set(c["ranks"]) == odd), None) or {"ranks": sorted(odd), "op": "?"}
+    rest = [c for c in cls if c is not mine]
+    other = max(rest, key=lambda c: (len(c["ranks"]), -min(c["ranks"]))) if rest else {"ranks": [], "op": "?"}
+    loc = call_site((table.get(str(look.get("rank"))) or {}).get("frames")) or "the call"
+    loc2 = user_location((table.get(str(sorted(other["ranks"])[0])) or {}).get("frames")) if other["ranks"] else None
+    who, them = rank_word(mine["ranks"]), rank_word(other["ranks"])
+    at = f" (at {loc2})" if loc2 else ""
+    if "op" in (f.get("differs") or []):
+        what = f"{mine.get('op')} where {them} {_verb(other['ranks'], 'calls', 'call')} {other.get('op')}{at}"
+    else:
+        fields = _and([d.replace("_", " ") for d in f.get("differs") or ["?"]])
+        what = f"{mine.get('op')} with different {fields} than {them}{at}"
+    return (f"Look first at {loc}: {who} {_verb(mine['ranks'], 'calls', 'call')} {what}, as collective #{seq} on "
+            f"group {g}." + _history_clause(dict(look, ranks=mine["ranks"], versus=look.get("versus") or other["ranks"])))
+
+
+def _advice_dead(f: dict, look: dict) -> str:
+    rank = f.get("rank")
+    e = (f.get("ranks") or {}).get(str(rank)) or {}
+    how = _exit_text(e)
+    why = look.get("reason")
+    exc = (e.get("exit") or {}).get("exception") if isinstance(e.get("exit"), dict) else None
+    if why == "error" and exc:
+        return f"Look first at rank {rank}'s error, {exc} (its log has the traceback)."
+    if why == "stack" and e.get("stack"):
+        return f"Look first at why rank {rank} {how} at {user_location(e['stack'])}."
+    if why == "signal":
+        return f"Look first at why rank {rank} {how}: its log (faulthandler prints the Python stack there)."
+    return f"Look first at why rank {rank} {how}: its log, and the kernel log (dmesg) for the OOM killer."
+
+
+def _advice_deadlock(f: dict, look: dict) -> str:
+    cycle = f.get("cycle") or []
+    if not cycle:
+        return ""
+    first = cycle[0]
+    waiting, missing = first.get("waiting") or [], first.get("missing") or []
+    if len(classes(f, waiting, key=where)) == 1:
+        loc = call_site(((f.get("ranks") or {}).get(str(look.get("rank"))) or {}).get("frames")) or _locations(f, waiting)
+    else:
+        loc = _locations(f, waiting)
+    others = [c for c in cycle[1:] if set(c.get("waiting") or []) & set(missing)]
+    if first.get("p2p"):
+        peer = first.get("peer")
+        text = (f"Look first at {loc}: rank {look.get('rank')}'s {first.get('op')} with rank {peer} is never matched, "
+                f"because rank {peer} waits in {others[0]['op'] if others else 'something else'} itself.")
+    else:
+        instead = f" (waiting in {others[0]['op']} on group {others[0]['group']} instead)" if others else ""
+        text = (f"Look first at {loc}: {first.get('op')} on group {first.get('group')} is a collective that "
+                f"{rank_word(missing)} never {_verb(missing, 'calls', 'call')}{instead}.")
+    return text + _history_clause(dict(look, ranks=waiting, versus=missing))
+
+
+def _advice_stall(f: dict, look: dict) -> str:
+    table = f.get("ranks") or {}
+    waiting = f.get("waiting") or []
+    sample = _sample(f, waiting)
+    op, g, seq = sample.get("op") or "collective", (f.get("group") or {}).get("name"), f.get("seq")
+    why = look.get("reason")
+    if why == "backend":
+        return (f"Look first at the backend on {rank_word(waiting)} ({op} #{seq} on group {g} at "
+                f"{_locations(f, waiting)}): every member entered it but it never completes; check the NCCL/gloo "
+                f"logs, GPU health and the network.")
+    goal = f"{op} #{seq} on group {g}"
+    if why in ("left", "new"):
+        rs, vs = look.get("ranks") or waiting, look.get("versus") or []
+        loc = call_site((table.get(str(look.get("rank"))) or {}).get("frames")) or "the call"
+        return (f"Look first at {loc}: {rank_word(rs)} {_verb(rs, 'enters', 'enter')} {goal} there, and "
+                f"{rank_word(vs)} never {_verb(vs, 'does', 'do')}." + _history_clause(dict(look, ranks=rs, versus=vs)))
+    rs = look.get("ranks") or []
+    e = table.get(str(look.get("rank"))) or {}
+    who = rank_word(rs)
+    if e.get("state") in ("unreadable", "unknown"):
+        return f"Look first at {who}: {_its(rs)} trace could not be read, and {goal} waits for {_verb(rs, 'it', 'them')}."
+    if e.get("frames") or e.get("state") in PENDING_STATES:
+        return (f"Look first at {where(e)}, where {who} {_verb(rs, 'is', 'are')}: "
+                f"{_verb(rs, 'it never reaches', 'they never reach')} {goal}.")
+    pid = e.get("pid")
+    hint = f" (py-spy dump --pid {pid} on its host shows where it is)" if pid else ""
+    return (f"Look first at what {who} {_verb(rs, 'does', 'do')} after {_its(rs)} last collective{hint}: "
+            f"{_verb(rs, 'it never reaches', 'they never reach')} {goal}.")
+
+
+def _advice_p2p(f: dict, look: dict) -> str:
+    table = f.get("ranks") or {}
+    a, c = f.get("rank"), f.get("peer")
+    op = f.get("op") or ((table.get(str(a)) or {}).get("op"))
+    loc = user_location((table.get(str(a)) or {}).get("frames")) or "the call"
+    why = look.get("reason")
+    if why == "unposted":
+        e = table.get(str(c)) or {}
+        there = where(e) if e.get("frames") else f"rank {c}"
+        return f"Look first at {there}: rank {c} never posts the op that matches rank {a}'s {op} at {loc}."
+    if why == "transport":
+        return (f"Look first at the transport between ranks {a} and {c}: both posted the transfer ({op} at {loc}) "
+                f"but it never completes.")
+    return (f"Look first at rank {c}'s side of {op} at {loc}: its trace window is too short to tell whether it "
+            f"posted the match.")
+
+
+def advice(finding: dict) -> str:
+    """The "Look first at ..." sentence, from the finding's look_first facts."""
+    look = finding.get("look_first")
+    if not isinstance(look, dict):
+        return str(finding.get("advice") or "")
+    kind = finding.get("kind")
+    if look.get("reason") == "data_split":
+        return ("Look first at how the data is split over the ranks: a DataLoader without a DistributedSampler "
+                "(or one built before init_process_group) gives every rank the same batches.")
+    if kind == "mismatch":
+        return _advice_mismatch(finding, look)
+    if kind == "dead_rank":
+        return _advice_dead(finding, look)
+    if kind == "deadlock":
+        return _advice_deadlock(finding, look)
+    if finding.get("p2p"):
+        return _advice_p2p(finding, look)
+    if kind == "stall":
+        return _advice_stall(finding, look)
+    return str(finding.get("advice") or "")
+
+
+def summarize(findings: list[dict]) -> list[dict]:
+    """Fill each finding's "advice" and "summary" (its paragraph), in place; returns them."""
+    for f in findings:
+        try:
+            f["advice"] = advice(f)
+        except Exception as exc:   # never lose a finding over its text
+            f["advice"] = f"(advice unavailable: {type(exc).__name__}: {exc})"
+        f["summary"] = paragraph(f)
+    return findings
+
+
+def paragraph(finding: dict) -> str:
+    """The one-paragraph human summary of a finding (also its "summary" field)."""
+    kind = finding.get("kind")
+    render = {"mismatch": _mismatch, "deadlock": _deadlock, "stall": _stall, "unmatched_p2p": _unmatched,
+              "dead_rank": _dead_rank, "duplicate_data": _duplicate}.get(kind)
+    if render is None:
+        body = finding.get("summary") or (f"{kind}: collective #{finding.get('seq')} on group "
+                                          f"{(finding.get('group') or {}).get('name')}.")
+    else:
+        body = render(finding)
+    text = advice(finding)
+    if text:
+        body += " " + text
+    return body + _unreadable(finding)
+
+
+# -- stack classes ------------------------------------------------------------------------------
+def _stack_chain(frames) -> list[str]:
+    """The user's last three own frames and the framework call they went through; without a
+    frame of the user's, the innermost framework (else any) frame, saying so."""
+    if not isinstance(frames, list) or not frames:
+        return []
+    i = _innermost_user(frames)
+    if i is None:
+        loc = user_location(frames)
+        return [loc] if loc else []
+    chain = [frame_text(f) for f in user_frames(frames[:i + 1])[-3:]]
+    via = _via(frames, i)
+    if via is not None:
+        chain.append(_api_text(via))
+    return chain
+
+
+def _stack_tail(e: dict) -> str:
+    state = e.get("state")
+    if e.get("op") and state in PENDING_STATES + ("completed", "failed", "dead", "exited"):
+        if e.get("p2p") and e.get("peer") is not None:
+            tail = f"{e['op']} {_direction(e)} rank {e['peer']} (#{e.get('seq')}) on group {e.get('group')}"
+        else:
+            tail = f"{e['op']} #{e.get('seq')} on group {e.get('group')}"
+        if state == "failed":
+            tail += " (failed)"
+    elif state == "not_in_collective":
+        tail = "(in no collective)" if e.get("frames") else "(in no collective; no live stack)"
+    elif state in ("dead", "exited"):
+        tail = ""
+    else:
+        tail = f"({state})"
+    if state in ("dead", "exited"):
+        tail = (tail + " " if tail else "") + f"[{_exit_text(e)}]"
+    return tail
+
+
+def _stack_label(e: dict) -> str:
+    state = e.get("state")
+    if state == "unreadable":
+        return f"(unreadable: {e.get('error') or '?'})"
+    if state == "unknown":
+        return "(no trace)"
+    return " → ".join(_stack_chain(e.get("frames")) + [_stack_tail(e)])
+
+
+def stack_classes(finding: dict) -> tuple[list[dict], dict | None]:
+    """Ranks with the same stack grouped into classes, as data: ([{"ranks": [ints], "ranks_text",
+    "stack": label}], {"classes": n, "ranks": n} beyond MAX_CLASSES or None)."""
+    table = finding.get("ranks") or {}
+    if not isinstance(table, dict) or not table:
+        return [], None
+    by_label: dict[str, list[int]] = {}
+    for r, e in table.items():
+        try:
+            rank = int(r)
+        except (TypeError, ValueError):
+            continue
+        by_label.setdefault(_stack_label(e if isinstance(e, dict) else {}), []).append(rank)
+    rows = sorted(((sorted(rs), label) for label, rs in by_label.items()), key=lambda x: x[0][0])
+    out = [{"ranks": rs, "ranks_text": rank_word(rs), "stack": label} for rs, label in rows[:MAX_CLASSES]]
+    more = None
+    if len(rows) > MAX_CLASSES:
+        more = {"classes": len(rows) - MAX_CLASSES, "ranks": sum(len(rs) for rs, _ in rows[MAX_CLASSES:])}
+    return out, more
+
+
+def render_stack_classes(finding: dict) -> str:
+    """Ranks with the same stack grouped into classes, STAT-like:
+    "ranks 0-6: train.py:900 (main) → checkpoint.py:302 (save) → barrier #5 on group 0"."""
+    rows, more = stack_classes(finding)
+    if not rows:
+        return ""
+    heads = [row["ranks_text"] + ":" for row in rows]
+    width = min(max((len(h) for h in heads), default=0), 24)
+    lines = ["  stacks (ranks with the same stack):"]
+    for row, head in zip(rows, heads):
+        lines.append(f"    {head.ljust(width)} {row['stack']}")
+    if more:
+        lines.append(f"    … {more['classes']} more classes ({more['ranks']} ranks)")
+    return "\n".join(lines)
+
+
+def render_same_kind(f: dict) -> str:
+    """The finding's `same_kind` call sites (colltrace/samekind.py) as an indented list, or ""."""
+    sites = f.get("same_kind")
+    if not isinstance(sites, list) or not sites:
+        return ""
+    who = rank_word(f.get("missing_ranks") or [])
+    g = f.get("group") or {}
+    lines = [f"\nThe same kind elsewhere: {len(sites)} other call site{'s' if len(sites) != 1 else ''} on group "
+             f"{g.get('name')} ({g.get('desc') or 'no description'}) that {who} would not join either, "
+             f"most likely next first:"]
+    for s in sites:
+        try:
+            grp = "default group" if s.get("group") == "default" else f"group={s.get('group')}"
+            why = s.get("may_be_default")
+            if why:
+                grp += ", may be the default group" + (f": {why}" if isinstance(why, str) else "")
+            lines.append(f"  {_frame_text(s.get('file'), s.get('line'), s.get('func'))}: {s.get('op')} ({grp})")
+        except (AttributeError, TypeError):
+            continue
+    return "\n".join(lines)
+
+
+def render_report(findings: list[dict]) -> str:
+    """Every finding's paragraph and stack classes; "no problems found" when there are none."""
+    if not findings:
+        return "colltrace: no problems found"
+    n = len(findings)
+    out = [f"colltrace: {n} problem{'s' if n != 1 else ''} found"]
+    for i, f in enumerate(findings, 1):
+        block = f"[{i}] " + paragraph(f)
+        classes_text = render_stack_classes(f)
+        if classes_text:
+            block += "\n" + classes_text
+        block += render_same_kind(f)
+        out.append(block)
+    return "\n\n".join(out)
+
+
+def culprit_paragraph(culprits: list[int], reasons: dict, others: list[int]) -> str:
+    """"Culprits: look at ranks 12,14 first. Rank 12 never entered ...; rank 14 did not complete
+    .... The other 14 ranks involved (0-11,13,15) only wait, directly or through others, on them."
+    Culprits with the same reason share one sentence."""
+    if not culprits:
+        return ""
+    alike: dict[str, list[int]] = {}
+    more: dict[str, int] = {}
+    for r in culprits:
+        why = reasons.get(str(r)) or ["is where the waits end"]
+        alike.setdefault(why[0], []).append(r)
+        more[why[0]] = max(more.get(why[0], 0), len(why) - 1)
+    parts = [f"{rank_word(rs)} {why}" + (f" (and {more[why]} more like it)" if more[why] else "")
+             for why, rs in alike.items()]
+    text = f"Culprits: look at {rank_word(culprits)} first. {_cap('; '.join(parts))}."
+    if others:
+        who = (f"The other rank involved ({others[0]}) only waits" if len(others) == 1 else
+               f"The other {len(others)} ranks involved ({short_ranks(others)}) only wait")
+        text += f" {who}, directly or through others, on {'it' if len(culprits) == 1 else 'them'}."
+    return text

@@ -1,0 +1,113 @@
+"""Chrome trace event JSON (opens in ui.perfetto.dev and chrome://tracing) of a snapshot and its
+findings: one process per rank, one thread track per traced thread, each collective a slice.
+
+Pure: plain data in, a dict out. Times are whole microseconds from the first record (`otherData.t0`
+holds that unix time). Slices on one track must nest, so ops that overlap without nesting (async
+ops) go to extra tracks of the same thread ("main ·2"); work queued until the end nests.
+A collective that never finished is drawn to the moment the snapshot describes, named
+"… (never completed)" and marked `args.unfinished`. Findings are instant events: one on the
+whole trace, one on each rank it involves, one more on each culprit.
+"""
+from __future__ import annotations
+
+PENDING = ("waiting", "in_flight", "queued")
+
+
+def _end(r: dict, taken_at: float) -> tuple[float, bool]:
+    """(when the slice ends, whether it never did)."""
+    for key in ("completed_at", "returned_at") if r.get("state") in ("completed", "failed") else ("completed_at",):
+        t = r.get(key)
+        if isinstance(t, (int, float)) and t:
+            return float(t), False
+    if r.get("state") in PENDING:
+        return max(taken_at, float(r.get("entered_at") or 0.0)), True
+    return float(r.get("entered_at") or 0.0), False
+
+
+def _name(r: dict) -> str:
+    if r.get("op") == "untraced":
+        return f"untraced x{r.get('count', 1)}"
+    if r.get("p2p"):
+        return f"{r.get('op')} peer {r.get('peer')}"
+    return f"{r.get('op')} #{r.get('seq')}"
+
+
+def build(snap: dict, findings: list[dict], culprits: list[int] | None = None) -> dict:
+    taken_at = float(snap.get("taken_at") or 0.0)
+    ranks = {int(k): v for k, v in (snap.get("ranks") or {}).items() if isinstance(v, dict)}
+    times = [float(r["entered_at"]) for e in ranks.values() for r in e.get("records") or ()
+             if isinstance(r, dict) and isinstance(r.get("entered_at"), (int, float))]
+    t0 = min(times) if times else taken_at
+
+    def us(t: float) -> int:
+        # whole microseconds: a slice's end (ts + dur) is then exact, and nested ones stay nested
+        return int(round((t - t0) * 1e6))
+
+    events: list[dict] = []
+    culprits = sorted(culprits or [])
+    for rank in sorted(ranks):
+        entry = ranks[rank]
+        label = f"rank {rank}" + (" (culprit)" if rank in culprits else "")
+        if entry.get("status") not in (None, "unknown"):
+            label += f" [{entry['status']}]"
+        events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": label}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
+        lanes: dict[str, list[list[float]]] = {}   # thread -> per track, the ends of its open slices
+        tids: dict[tuple[str, int], int] = {}
+        for r in sorted((r for r in entry.get("records") or () if isinstance(r, dict)),
+                        key=lambda r: (float(r.get("entered_at") or 0.0), str(r.get("id")))):
+            start = float(r.get("entered_at") or 0.0)
+            end, open_ = _end(r, taken_at)
+            end = max(end, start)
+            thread = str(r.get("thread") or "main")
+            stacks = lanes.setdefault(thread, [])
+            lane = None
+            for i, open_ends in enumerate(stacks):
+                while open_ends and open_ends[-1] <= start:
+                    open_ends.pop()
+                if not open_ends or end <= open_ends[-1]:   # after the last slice, or nested in it
+                    lane = i
+                    break
+            if lane is None:
+                lane = len(stacks)
+                stacks.append([])
+            stacks[lane].append(end)
+            tid = tids.get((thread, lane))
+            if tid is None:
+                tid = tids[(thread, lane)] = len(tids) + 1
+                tname = thread if lane == 0 else f"{thread} ·{lane + 1}"
+                events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": tname}})
+                events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid,
+                               "args": {"sort_index": tid}})
+            args = {"group": r.get("group"), "seq": r.get("seq"), "state": r.get("state"),
+                    "shapes": r.get("shapes"), "dtypes": r.get("dtypes")}
+            if r.get("p2p"):
+                args["peer"] = r.get("peer")
+            frames = r.get("frames") or []
+            if frames:
+                args["where"] = " <- ".join(f"{f.get('file')}:{f.get('line')} ({f.get('func')})"
+                                            for f in reversed(frames[-6:]))
+            if open_:
+                args["unfinished"] = True
+            if r.get("error"):
+                args["error"] = r["error"]
+            events.append({"ph": "X", "name": _name(r) + (" (never completed)" if open_ else ""),
+                           "cat": "collective" + (",unfinished" if open_ else ""), "pid": rank, "tid": tid,
+                           "ts": us(start), "dur": us(end) - us(start), "args": args})
+        if not tids:   # a rank with no record still gets its track
+            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": 1, "args": {"name": "main"}})
+    for i, f in enumerate(findings):
+        t = us(float(f.get("detected_at") or taken_at))
+        name = f"{f.get('kind')}: group {(f.get('group') or {}).get('name')} #{f.get('seq')}"
+        args = {"summary": f.get("summary", ""), "missing_ranks": f.get("missing_ranks", []), "key": f.get("key")}
+        events.append({"ph": "i", "s": "g", "name": name, "cat": "finding", "pid": 0, "tid": 0, "ts": t, "args": args})
+        for r in sorted({int(x) for x in (f.get("ranks") or {})} & set(ranks)):
+            events.append({"ph": "i", "s": "p", "name": name, "cat": "finding", "pid": r, "tid": 0, "ts": t,
+                           "args": {"key": f.get("key")}})
+    for r in culprits:
+        if r in ranks:
+            events.append({"ph": "i", "s": "p", "name": "culprit", "cat": "finding", "pid": r, "tid": 0,
+                           "ts": us(taken_at), "args": {"rank": r}})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"t0": t0, "taken_at": taken_at, "culprits": culprits,
+                          "source": (snap.get("source") or {}).get("kind", "colltrace")}}
