@@ -28,6 +28,14 @@ def _compact(raw: dict | None) -> dict | None:
             if k in raw}
 
 
+def _probe_fields(e: dict, entry: dict) -> None:
+    """What the watchdog's probes saw of a rank in no collective: which route gave its stack,
+    its activity over the wait (progressing / frozen / blocked_io), threads that died."""
+    for k in ("stack_via", "stack_errors", "activity", "thread_exceptions"):
+        if entry.get(k):
+            e[k] = entry[k]
+
+
 def _user_chain(frames) -> tuple:
     return tuple((f.get("file"), f.get("line")) for f in report.user_frames(frames))
 
@@ -225,6 +233,7 @@ class Verdicts:
                 e["stack_at"] = v.entry.get("stack_at")
             else:
                 e["note"] = "no live stack available"
+            _probe_fields(e, v.entry)
             flight = [_compact(r.raw) for r in v.pending if r.state == "in_flight"]
             if flight:
                 e["in_flight"] = flight[-3:]   # async work it issued and that has not completed

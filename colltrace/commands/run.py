@@ -18,6 +18,9 @@ class RunCommand:
         p.add_argument("--dir", help="trace folder (default: colltrace-out/run-<time>)")
         p.add_argument("--stall-s", type=float, help="seconds ranks may wait for a missing rank before a stall finding")
         p.add_argument("--on-hang", choices=config.ON_HANG_CHOICES, help="warn (default), dump stacks, or abort the job")
+        p.add_argument("--abort-stall-s", type=float,
+                       help="with --on-hang abort: also end a stall whose missing ranks still compute, after this "
+                            "many seconds (default: never; frozen ones are ended at once)")
         p.add_argument("--dashboard", metavar="[HOST:]PORT",
                        help="serve the live dashboard while the job runs (127.0.0.1 unless HOST is given; "
                             "another HOST needs COLLTRACE_DASHBOARD_TOKEN; port 0 picks a free one)")
@@ -36,6 +39,10 @@ class RunCommand:
             env["COLLTRACE_STALL_S"] = str(args.stall_s)
         if args.on_hang:
             env["COLLTRACE_ON_HANG"] = args.on_hang
+        if args.abort_stall_s is not None:
+            if args.abort_stall_s < 0:
+                raise UsageError("--abort-stall-s must be >= 0")
+            env["COLLTRACE_ABORT_STALL_S"] = str(args.abort_stall_s)
         if args.dashboard is not None:
             env["COLLTRACE_DASHBOARD"] = _dashboard_bind(args.dashboard, env)
         settings = config.load(env)
