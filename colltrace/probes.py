@@ -27,7 +27,7 @@ import time
 SIGNAL_OFFSET = 7            # SIGRTMIN+7: a real-time signal programs seldom use
 INPROC_WAIT_S = 0.4          # the poller wakes every poll period (0.1 s): a free GIL answers well within
 SIGNAL_WAIT_S = 0.5          # faulthandler writes in microseconds once the signal is delivered
-MIN_WINDOW_S = 1.0           # samples must span this long before a rank is called frozen or busy
+MIN_WINDOW_S = 0.5           # samples must span this long before a rank is called frozen or busy
 BUSY_FRACTION = 0.10         # CPU time / wall time above this: computing (colltrace's own thread uses < 1 %)
 IO_MOVING_BYTES = 1 << 20    # bytes read or written over the window that mean I/O is flowing
 MAX_SAMPLES = 64

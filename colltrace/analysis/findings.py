@@ -36,6 +36,19 @@ def _probe_fields(e: dict, entry: dict) -> None:
             e[k] = entry[k]
 
 
+def _thread_death(e: dict, who: str = "", goal: str = "") -> str:
+    """The advice for a rank one of whose threads died of an exception: that is the first cause
+    (the main thread then waits for what the thread would have done)."""
+    deaths = [x for x in e.get("thread_exceptions") or [] if isinstance(x, dict)]
+    if not deaths or not who:
+        return "yes" if deaths else ""
+    x = deaths[-1]
+    at = report.user_location(x.get("frames")) or "its thread"
+    return (f"Look first at {at}: {who}'s thread {x.get('thread') or '?'} died of {x.get('type')} "
+            f"({report._first_line(x.get('message') or '')}), and {who} waits at {report.where(e)} instead of "
+            f"reaching {goal}.")
+
+
 def _user_chain(frames) -> tuple:
     return tuple((f.get("file"), f.get("line")) for f in report.user_frames(frames))
 
@@ -61,6 +74,7 @@ class Verdicts:
         for rank, view in self.snap.ranks.items():
             if view.alone and rank not in dead:
                 dead.add(rank)  # crashed or killed alone: worth a finding before anyone waits for it
+        dead.update(self._raised_first(dead))
         for rank in sorted(dead):
             made.append(self._dead(rank))
         for comp in deadlocks:
@@ -366,7 +380,7 @@ class Verdicts:
         at = report.user_location(v.stack) if v.stack else None
         exc = (v.exit or {}).get("exception")
         if exc:
-            f["advice"] = f"Look first at rank {rank}'s error, {exc} (its log has the traceback)."
+            f["advice"] = f"Look first at rank {rank}'s error, {exc}" + (f", raised at {at}" if at else "") + " (its log has the traceback)."
         elif at:
             f["advice"] = f"Look first at why rank {rank} {how} at {at}."
         elif (v.exit or {}).get("signal"):
@@ -375,6 +389,17 @@ class Verdicts:
             f["advice"] = (f"Look first at why rank {rank} {how}: its log, and the kernel log (dmesg) for the OOM "
                            f"killer.")
         return f, ([node] if node is not None else []), own
+
+    def _raised_first(self, dead: set[int]) -> set[int]:
+        """Ranks that exited with an exception while others were in a collective with them: the
+        others' collectives failed because of it (gloo: "Connection closed by peer"), before anyone
+        was seen waiting. Their own exceptions, consequences, name no rank and get no finding."""
+        out = set()
+        for rank, view in self.snap.ranks.items():
+            if rank not in dead and view.status == "exited" and (view.exit or {}).get("exception") and view.cause:
+                if self._failed_because(rank):
+                    out.add(rank)
+        return out
 
     def _failed_because(self, rank: int) -> list[dict]:
         """Collectives that failed on other ranks because this one is gone (gloo: "Connection
@@ -520,12 +545,16 @@ class Verdicts:
             goal = f"{op} #{k.seq} on group {k.group}"
             if e.get("state") in ("unreadable", "unknown"):
                 f["advice"] = f"Look first at {who}: {'its' if len(rs) == 1 else 'their'} trace could not be read, and {goal} waits for {'it' if len(rs) == 1 else 'them'}."
+            elif _thread_death(e):
+                f["advice"] = _thread_death(e, who, goal)
             elif e.get("frames") or e.get("state") in PENDING:
                 f["advice"] = (f"Look first at {report.where(e)}, where {who} {'is' if len(rs) == 1 else 'are'}: "
                                f"{'it never reaches' if len(rs) == 1 else 'they never reach'} {goal}.")
             else:
                 pid = e.get("pid")
                 hint = f" (py-spy dump --pid {pid} on its host shows where it is)" if pid else ""
+                if e.get("stack_errors"):
+                    hint = f" (no live stack: {'; '.join(map(str, e['stack_errors']))})"
                 f["advice"] = (f"Look first at what {who} {'does' if len(rs) == 1 else 'do'} after "
                                f"{'its' if len(rs) == 1 else 'their'} last collective{hint}: "
                                f"{'it never reaches' if len(rs) == 1 else 'they never reach'} {goal}.")

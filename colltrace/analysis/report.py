@@ -639,7 +639,6 @@ def activity_lines(finding: dict, ranks=None) -> str:
     parts = []
     for r in _sorted_ranks(ranks):
         e = table.get(str(r)) or {}
-        parts.extend(_thread_deaths(r, e))
         t = activity_text(r, e)
         if t:
             parts.append(t)
@@ -648,12 +647,14 @@ def activity_lines(finding: dict, ranks=None) -> str:
 
 def _activity(finding: dict, ranks) -> str:
     """" Progress: …" for a stall's paragraph, and what it means for COLLTRACE_ON_HANG=abort."""
+    table = finding.get("ranks") or {}
+    deaths = [d for r in _sorted_ranks(ranks) for d in _thread_deaths(r, table.get(str(r)) or {})]
+    deaths = "".join(f" {_cap(d)}." for d in deaths)
     text = activity_lines(finding, ranks)
     if not text:
-        return ""
-    table = finding.get("ranks") or {}
+        return deaths
     states = [((table.get(str(r)) or {}).get("activity") or {}).get("state") for r in ranks]
     if states and all(s == "progressing" for s in states):
         text += (f". {_cap(rank_word(ranks))} {_verb(ranks, 'is', 'are')} still working: slow, not hung "
                  f"(COLLTRACE_ON_HANG=abort leaves {'it' if len(ranks) == 1 else 'them'} running)")
-    return f" Progress: {text}."
+    return f"{deaths} Progress: {text}."
