@@ -32,6 +32,8 @@ class RunCommand:
             raise UsageError("nothing to run: give the job after --, e.g. colltrace run -- torchrun --nproc-per-node 4 train.py")
         if args.stall_s is not None and args.stall_s < 0:
             raise UsageError("--stall-s must be >= 0")
+        if args.abort_stall_s is not None and args.abort_stall_s < 0:
+            raise UsageError("--abort-stall-s must be >= 0")
         directory = args.dir or os.path.join(config.DEFAULT_DIR, time.strftime("run-%Y%m%d-%H%M%S"))
         os.makedirs(directory, exist_ok=True)
         env = dict(os.environ, COLLTRACE="1", COLLTRACE_DIR=directory, COLLTRACE_WATCHDOG="external")
@@ -40,8 +42,6 @@ class RunCommand:
         if args.on_hang:
             env["COLLTRACE_ON_HANG"] = args.on_hang
         if args.abort_stall_s is not None:
-            if args.abort_stall_s < 0:
-                raise UsageError("--abort-stall-s must be >= 0")
             env["COLLTRACE_ABORT_STALL_S"] = str(args.abort_stall_s)
         if args.dashboard is not None:
             env["COLLTRACE_DASHBOARD"] = _dashboard_bind(args.dashboard, env)
