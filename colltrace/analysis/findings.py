@@ -396,8 +396,9 @@ class Verdicts:
         was seen waiting. Their own exceptions, consequences, name no rank and get no finding."""
         out = set()
         for rank, view in self.snap.ranks.items():
-            if rank not in dead and view.status == "exited" and (view.exit or {}).get("exception") and view.cause:
-                if self._failed_because(rank):
+            if (rank not in dead and view.status == "exited" and (view.exit or {}).get("exception") and view.cause
+                    and not view.failed):   # its own collective failed first: a consequence
+                if any(item["missing"] for item in self._failed_because(rank)):
                     out.add(rank)
         return out
 
