@@ -392,6 +392,14 @@ class Watchdog:
             self.findings = [f if x.get("key") == key else x for x in self.findings]
             changed.append(f)
             self.stream.write(f"colltrace: update on {key}: {report_mod.activity_lines(f)}\n")
+        current = {f.get("key") for f in findings}
+        for key in [k for k in self._states if k not in current]:
+            states = self._states.pop(key)
+            if not new and not self.aborted:   # it ended without a problem taking its place
+                was = ", ".join(f"rank {r} {s}" for r, s in states.items() if s)
+                self.stream.write(f"colltrace: {key} is over: the ranks it waited for arrived"
+                                  + (f" (last seen: {was})" if was else "") + "\n")
+                self.stream.flush()
         if changed:
             self._write_json("snapshot.json", snap)
             with open(os.path.join(self.dir, "report.txt"), "w") as fh:
