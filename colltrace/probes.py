@@ -162,46 +162,71 @@ def _main_frames(threads: list[dict]) -> list[dict] | None:
     return None
 
 
-def by_signal(directory: str, rank: int, pid: int, meta: dict) -> tuple[list[dict] | None, str | None]:
-    """(the main thread's frames, None) or (None, why not)."""
-    from colltrace.trace import parse_fault
-
+def _send_signal(directory: str, rank: int, pid: int, meta: dict) -> str | None:
+    """Ask by signal; None if sent, else why not."""
     sig = meta.get("stack_signal")
     if not sig:
-        return None, meta.get("stack_signal_note") or "no stack signal registered"
-    path = signal_path(directory, rank)
+        return meta.get("stack_signal_note") or "no stack signal registered"
     try:
-        os.truncate(path, 0)   # the rank appends (O_APPEND): its next dump starts the file
+        os.truncate(signal_path(directory, rank), 0)   # the rank appends (O_APPEND): its next dump starts the file
         os.kill(pid, int(sig))
     except OSError as exc:
-        return None, f"signal: {exc.strerror or exc}"
-    deadline = time.monotonic() + SIGNAL_WAIT_S
-    size = -1
-    while time.monotonic() < deadline:
-        time.sleep(0.02)
-        try:
-            now = os.path.getsize(path)
-        except OSError:
-            now = 0
-        if now and now == size:
-            break
-        size = now
+        return f"signal: {exc.strerror or exc}"
+    return None
+
+
+def _read_signal(directory: str, rank: int, meta: dict) -> list[dict] | None:
+    """The main thread's frames from faulthandler's dump, once complete (None if none yet)."""
+    from colltrace.trace import parse_fault
+
     try:
-        with open(path, errors="replace") as f:
+        with open(signal_path(directory, rank), errors="replace") as f:
             text = f.read()
-    except OSError as exc:
-        return None, f"signal: {exc}"
+    except OSError:
+        return None
     parsed = parse_fault(text + "\n")
     if not parsed or not parsed["threads"]:
-        return None, "signal: no answer (the signal is blocked, or the rank is stuck in the kernel)"
+        return None
     main = meta.get("main_thread")
     for th in parsed["threads"]:
         try:
             if main is not None and int(th["thread"], 16) == int(main):
-                return th["frames"], None
+                return th["frames"]
         except ValueError:
             continue
-    return parsed["threads"][-1]["frames"], None   # faulthandler lists the oldest thread (main) last
+    return parsed["threads"][-1]["frames"]   # faulthandler lists the oldest thread (main) last
+
+
+def by_signal(directory: str, ranks: dict[int, tuple[int, dict]]) -> dict[int, tuple]:
+    """{rank: (pid, meta)} -> {rank: (frames, None) or (None, why not)}: all signalled first."""
+    out: dict[int, tuple] = {}
+    sent = []
+    for rank, (pid, meta) in ranks.items():
+        why = _send_signal(directory, rank, pid, meta)
+        if why:
+            out[rank] = (None, why)
+        else:
+            sent.append(rank)
+    sizes: dict[int, int] = {}
+    deadline = time.monotonic() + SIGNAL_WAIT_S
+    while sent and time.monotonic() < deadline:
+        time.sleep(0.02)
+        for rank in list(sent):
+            try:
+                size = os.path.getsize(signal_path(directory, rank))
+            except OSError:
+                size = 0
+            if size and size == sizes.get(rank):   # written, and no longer growing
+                frames = _read_signal(directory, rank, ranks[rank][1])
+                if frames is not None:
+                    out[rank] = (frames, None)
+                    sent.remove(rank)
+            sizes[rank] = size
+    for rank in sent:
+        frames = _read_signal(directory, rank, ranks[rank][1])
+        out[rank] = (frames, None) if frames is not None else (
+            None, "signal: no answer (the signal is blocked, or the rank is stuck in the kernel)")
+    return out
 
 
 def live_stacks(directory: str, due: dict[int, tuple[int, dict]], py_spy_ok: bool = True) -> dict[int, tuple]:
@@ -226,10 +251,11 @@ def live_stacks(directory: str, due: dict[int, tuple[int, dict]], py_spy_ok: boo
                 if frames is not None:
                     out[rank] = (frames, "in-process", [])
                     pending.discard(rank)
+    signalled = by_signal(directory, {r: due[r] for r in sorted(pending)})
     for rank in sorted(pending):
         pid, meta = due[rank]
         why = ["in-process: no answer in %.1f s (the GIL is held)" % INPROC_WAIT_S]
-        frames, err = by_signal(directory, rank, pid, meta)
+        frames, err = signalled[rank]
         if frames is not None:
             out[rank] = (frames, "signal", why)
             continue
@@ -254,16 +280,10 @@ def dump_text(directory: str, rank: int, pid: int, meta: dict) -> str:
         return "(by py-spy --native)\n" + stacks.format_text(threads)
     why = threads["_error"]
     sig = meta.get("stack_signal")
-    if sig:
-        path = signal_path(directory, rank)
+    if sig and by_signal(directory, {rank: (pid, meta)})[rank][0] is not None:
         try:
-            os.truncate(path, 0)
-            os.kill(pid, int(sig))
-            time.sleep(0.2)
-            with open(path, errors="replace") as f:
-                text = f.read()
-            if text.strip():
-                return f"(by faulthandler on signal {sig}; py-spy: {why})\n" + text
+            with open(signal_path(directory, rank), errors="replace") as f:
+                return f"(by faulthandler on signal {sig}; py-spy: {why})\n" + f.read()
         except OSError:
             pass
     try:
