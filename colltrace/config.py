@@ -20,6 +20,7 @@ class Settings:
     dir: str = DEFAULT_DIR
     stall_s: float = 30.0
     on_hang: str = "warn"
+    abort_stall_s: float = 0.0       # >0: abort also ends a stall whose missing ranks still move, after this long
     ring_slots: int = 65536          # 64-byte slots: 4 MiB of recent events per rank
     defs_max_bytes: int = 64 << 20   # interned stacks and signatures, per rank
     stack_depth: int = 48
@@ -133,6 +134,7 @@ def load(env=None) -> Settings:
         dir=env.get("COLLTRACE_DIR", "").strip() or DEFAULT_DIR,
         stall_s=_float(env, "COLLTRACE_STALL_S", 30.0, 0.0, warnings),
         on_hang=on_hang,
+        abort_stall_s=_float(env, "COLLTRACE_ABORT_STALL_S", 0.0, 0.0, warnings),
         ring_slots=_int(env, "COLLTRACE_RING_SLOTS", 65536, 1024, warnings),
         defs_max_bytes=_int(env, "COLLTRACE_DEFS_MAX_MB", 64, 1, warnings) << 20,
         stack_depth=_int(env, "COLLTRACE_STACK_DEPTH", 48, 1, warnings),

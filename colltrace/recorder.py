@@ -17,7 +17,7 @@ import time
 import traceback
 import weakref
 
-from colltrace import flightrecorder, origins, ringfile
+from colltrace import flightrecorder, origins, probes, ringfile
 from colltrace.ringfile import COMPLETE, ENTER, F_DONE, F_P2P, FAIL, RETURN, UNTRACED
 
 _time = time.time
@@ -84,19 +84,24 @@ class Recorder:
         self._event_factory = event_factory
         self._stop = threading.Event()
         self._internal_error_reported = False
+        # before the meta line, which says which signal (if any) dumps this rank's stacks
+        probe_meta, self._stack_signal_file = probes.install_signal(d, rank)
         self.defs.write({
             "k": "meta", "rank": rank, "world_size": world_size, "pid": os.getpid(), "host": settings.host,
             "job": job_id(), "started": _time(), "backend": backend, "argv": sys.argv[:8],
-            "stall_s": settings.stall_s, "local_rank": os.environ.get("LOCAL_RANK"),
+            "stall_s": settings.stall_s, "local_rank": os.environ.get("LOCAL_RANK"), **probe_meta,
             # where this rank's torch, stdlib and packages are: frames are classified against them
             "roots": origins.local_roots(getattr(settings, "user_packages", ())),
         })
         self._install_fault_handler()
         self._prev_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
+        self._prev_thread_hook = threading.excepthook
+        threading.excepthook = self._thread_excepthook
         atexit.register(self._at_exit)
         self.ring.heartbeat(_time())
         self._flight_recorder = flightrecorder.Responder(d, rank)
+        self._stack_responder = probes.StackResponder(d, rank)
         self._poller = threading.Thread(target=self._poll_loop, name="colltrace-poller", daemon=True)
         self._poller.start()
 
@@ -113,10 +118,26 @@ class Recorder:
     def _excepthook(self, etype, value, tb):
         try:
             frames = [{"file": f.filename, "line": f.lineno, "func": f.name} for f in traceback.extract_tb(tb)]
-            self.defs.write({"k": "exception", "t": _time(), "type": etype.__name__, "message": str(value)[:2000], "frames": frames})
+            # "fatal": the main thread's uncaught exception ends the rank (exit code 1) even if
+            # its interpreter takes a while to shut down; the waiters learn it now
+            self.defs.write({"k": "exception", "t": _time(), "type": etype.__name__, "message": str(value)[:2000],
+                             "frames": frames, "fatal": True})
         except Exception:
             pass
         self._prev_excepthook(etype, value, tb)
+
+    def _thread_excepthook(self, args):
+        # Another thread died of an exception: the rank lives on, but its main thread may now
+        # wait forever for what that thread would have done (a loader, a prefetcher).
+        try:
+            if args.exc_type is not SystemExit:
+                frames = [{"file": f.filename, "line": f.lineno, "func": f.name} for f in traceback.extract_tb(args.exc_traceback)]
+                self.defs.write({"k": "exception", "t": _time(), "type": args.exc_type.__name__,
+                                 "message": str(args.exc_value)[:2000], "frames": frames, "fatal": False,
+                                 "thread": getattr(args.thread, "name", None)})
+        except Exception:
+            pass
+        self._prev_thread_hook(args)
 
     def _at_exit(self):
         if self.disabled:
@@ -273,6 +294,7 @@ class Recorder:
                 self.ring.heartbeat(_time())
                 self._drain_pending()
                 self._flight_recorder.poll()   # a watchdog's request for the Flight Recorder
+                self._stack_responder.poll()   # a watchdog's request for this rank's stacks
             except Exception as exc:  # pragma: no cover - defensive
                 self.internal_error(exc)
                 return

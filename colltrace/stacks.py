@@ -9,11 +9,18 @@ import sys
 
 
 def py_spy() -> str | None:
+    """py-spy on PATH, else beside this Python (a venv's bin not on PATH). COLLTRACE_PY_SPY names
+    the binary, or "off" never to use it (where ptrace attempts are unwelcome)."""
+    import os
+
+    chosen = os.environ.get("COLLTRACE_PY_SPY", "").strip()
+    if chosen.lower() in ("off", "0", "no"):
+        return None
+    if chosen:
+        return chosen if os.path.exists(chosen) else None
     found = shutil.which("py-spy")
     if found:
         return found
-    import os
-
     candidate = os.path.join(os.path.dirname(sys.executable), "py-spy")
     return candidate if os.path.exists(candidate) else None
 

@@ -79,6 +79,7 @@ class RankTrace:
         self.meta: dict = {}
         self.exit: dict | None = None
         self.exception: dict | None = None
+        self.thread_exceptions: list[dict] = []   # non-main threads that died of an exception
         self.notes: list[str] = []
         self.errors: dict[int, dict] = {}
         self.groups: dict[int, dict] = {}
@@ -121,7 +122,10 @@ class RankTrace:
             elif k == "exit":
                 self.exit = d
             elif k == "exception":
-                self.exception = d
+                if d.get("fatal") is False:
+                    self.thread_exceptions = (self.thread_exceptions + [d])[-4:]
+                else:
+                    self.exception = d
             elif k == "error":
                 self.errors[int(d["rec"])] = d
             elif k == "note":
@@ -307,9 +311,11 @@ class RankTrace:
         fault = self.fault()
         if fault and fault.get("signal"):
             return "dead", {"signal": fault["signal"], "code": fault["code"]}
+        if self.exception is not None:
+            # the main thread's uncaught exception: the rank is ending (code 1) even while its
+            # interpreter still shuts down, and others waiting for it must hear why now
+            return "exited", {"code": 1, "exception": f"{self.exception.get('type')}: {self.exception.get('message')}"}
         if self.exit is not None:
-            if self.exception is not None:
-                return "exited", {"code": 1, "exception": f"{self.exception.get('type')}: {self.exception.get('message')}"}
             return "exited", {"code": 0}
         return "unknown", None
 
@@ -346,6 +352,10 @@ class RankTrace:
                 entry["stack"] = fault["frames"]
         if self.exception:
             entry["exception"] = self.exception
+            if not entry["stack"] and self.exception.get("frames"):
+                entry["stack"] = self.exception["frames"]   # where it raised: the line the report names
+        if self.thread_exceptions:
+            entry["thread_exceptions"] = self.thread_exceptions
         return entry
 
 

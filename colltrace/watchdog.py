@@ -17,13 +17,13 @@ import sys
 import threading
 import time
 
-from colltrace import config, flightrecorder, samekind, stacks, storelink, trace
+from colltrace import config, flightrecorder, probes, samekind, storelink, trace
 from colltrace.analysis import HANG_KINDS, analyze, render_report
 from colltrace.analysis import report as report_mod
 from colltrace.snapshot import compact_entry, merge, suspects
 
 SUMMARY_RECORDS = 64          # recent records per rank sent to the analysis (open ones always)
-STACK_REFRESH_S = 2.0
+STACK_REFRESH_S = 1.0       # a suspect's stack is sampled this often: progress over time
 FR_WAIT_S = 0.5               # how long a round waits for the Flight Recorder answers it asked for
 STORE_RETRY_S = 5.0
 WATCHDOG_NICE = 10            # scheduling priority of the watchdog's threads (0 = the ranks')
@@ -62,7 +62,8 @@ class NodeView:
         self.traces: dict[int, trace.RankTrace] = {}
         self.ignored: set[int] = set()
         self.died_at: dict[int, float] = {}
-        self.live_stacks: dict[int, tuple[float, list]] = {}
+        self.live_stacks: dict[int, tuple] = {}   # rank -> (taken at, frames, route, why others failed)
+        self.activity: dict[int, probes.Activity] = {}   # ranks others wait for: CPU and stack samples
         self.first_seen = time.time()
 
     def discover(self) -> None:
@@ -113,7 +114,13 @@ class NodeView:
             e["status"] = "alive"
         live = self.live_stacks.get(rank)
         if live and e["status"] == "alive" and live[0] >= tr.last_event_t:
-            e["stack_at"], e["stack"] = live   # only while the rank has done nothing since it was taken
+            e["stack_at"], e["stack"] = live[0], live[1]   # only while the rank has done nothing since it was taken
+            e["stack_via"] = live[2]
+        elif live and live[3] and e["status"] == "alive" and not e.get("stack"):
+            e["stack_errors"] = live[3]
+        act = self.activity.get(rank)
+        if act is not None and act.procs and e["status"] == "alive":
+            e["activity"] = act.classify()
         return e
 
     def summary(self) -> dict:
@@ -138,11 +145,15 @@ class NodeView:
                 flightrecorder.request(self.dir, rank)
             except OSError:
                 pass
-        for rank, tr in due:
-            threads = stacks.dump(tr.meta.get("pid"), native=native, timeout=5)
-            frames = threads.get("_main")
+        got = probes.live_stacks(self.dir, {rank: (tr.meta.get("pid"), tr.meta) for rank, tr in due})
+        for rank, (frames, route, why) in got.items():
             if frames is not None:
-                self.live_stacks[rank] = (now, frames)
+                self.live_stacks[rank] = (now, frames, route, why)
+                act = self.activity.get(rank)
+                if act is not None:
+                    act.add_stack(now, frames)
+            else:
+                self.live_stacks[rank] = (0.0, None, None, why)
         # Judge on every asked rank's answer, not on whichever came first: a finding made from
         # half the answers would name half the ranks. A rank that cannot answer (hung with the
         # GIL held, dead) costs at most FR_WAIT_S.
@@ -152,6 +163,22 @@ class NodeView:
             pending = [r for r in pending if not flightrecorder.answered(self.dir, r) and not _process_gone(self.traces[r].meta.get("pid"))]
             if pending:
                 time.sleep(0.02)
+
+    def sample(self, ranks) -> None:
+        """CPU time (every round) of the ranks others wait for, from when they became suspects or
+        last did something traced: the evidence that tells a slow rank from a hung one."""
+        for rank in list(self.activity):
+            if rank not in ranks:
+                del self.activity[rank]
+        now = time.time()
+        for rank in ranks:
+            tr = self.traces.get(rank)
+            if tr is None or rank in self.died_at:
+                continue
+            act = self.activity.get(rank)
+            if act is None or act.since < tr.last_event_t:
+                act = self.activity[rank] = probes.Activity(now)
+            act.add_process(probes.sample_process(tr.meta.get("pid")))
 
     def pids(self) -> dict[int, int]:
         return {r: tr.meta.get("pid") for r, tr in self.traces.items() if tr.meta.get("pid") and r not in self.died_at}
@@ -172,6 +199,8 @@ class Watchdog:
         self.once = once
         self.aborted = False
         self._dumped = False
+        self._acted = False                # COLLTRACE_ON_HANG done (once per watchdog)
+        self._states: dict[str, dict] = {}  # finding key -> its missing ranks' activity states, last said
         self.store_address = store_address   # (host, port) or None
         self.link: storelink.StoreLink | None = None
         self._store_warned = False
@@ -276,9 +305,9 @@ class Watchdog:
 
     def _dump_all_stacks(self) -> None:
         for rank, pid in self.node.pids().items():
-            threads = stacks.dump(pid, native=True)
+            text = probes.dump_text(self.dir, rank, pid, self.node.traces[rank].meta)
             with open(os.path.join(self.dir, f"rank-{rank:05d}.stacks.txt"), "w") as f:
-                f.write(stacks.format_text(threads))
+                f.write(text)
 
     def _on_hang(self, why: str) -> None:
         """COLLTRACE_ON_HANG on this host's ranks, once: dump their stacks; abort: end them too."""
@@ -310,6 +339,7 @@ class Watchdog:
             wanted = suspects(snap, now)
             self._want(wanted)
         local = {r for r in wanted if r in self.node.traces}
+        self.node.sample(local)
         if local:
             self.node.refresh_stacks(local)
             summary = self.node.summary()
@@ -331,16 +361,51 @@ class Watchdog:
             samekind.annotate(new)   # reads the user's source: after the (pure) analysis
             self.findings.extend(new)
             self._emit(new, snap)
-            hangs = [f for f in new if f.get("kind") in HANG_KINDS]   # duplicate data is no hang
-            if hangs:
-                why = hangs[0].get("kind", "hang")
-                if self.link is not None:   # the other hosts act on it too
-                    try:
-                        self.link.report_hang(why)
-                    except storelink.StoreError as exc:
-                        self._store_down(exc)
-                self._on_hang(why)
+        self._follow(findings, new, snap)
+        # Certain hangs are acted on at once; a stall only once every rank it waits for is frozen
+        # (or after COLLTRACE_ABORT_STALL_S): a rank still computing is reported, never killed.
+        due = [(f, why) for f in findings if f.get("kind") in HANG_KINDS   # duplicate data is no hang
+               for ok, why in [probes.act_on(f, self.settings.on_hang, self.settings.abort_stall_s)] if ok]
+        if due and not self._acted:
+            self._acted = True
+            why = due[0][1]
+            if self.link is not None:   # the other hosts act on it too
+                try:
+                    self.link.report_hang(why)
+                except storelink.StoreError as exc:
+                    self._store_down(exc)
+            self._on_hang(why)
         return new
+
+    def _follow(self, findings: list[dict], new: list[dict], snap: dict) -> None:
+        """A stall already reported whose missing ranks changed from progressing to frozen (or
+        back): say so in one line, and keep report.txt and snapshot.json current."""
+        changed = []
+        for f in findings:
+            states = probes.missing_states(f)
+            key = f.get("key")
+            if not states or key not in self.reported:
+                continue
+            before = self._states.get(key)
+            self._states[key] = states
+            if f in new or before == states or any(x in (None, "unknown") for x in states.values()):
+                continue   # unchanged, or no longer observed (ended): the report keeps what was seen
+            self.findings = [f if x.get("key") == key else x for x in self.findings]
+            changed.append(f)
+            self.stream.write(f"colltrace: update on {key}: {report_mod.activity_lines(f)}\n")
+        current = {f.get("key") for f in findings}
+        for key in [k for k in self._states if k not in current]:
+            states = self._states.pop(key)
+            if not new and not self.aborted:   # it ended without a problem taking its place
+                was = ", ".join(f"rank {r} {s}" for r, s in states.items() if s)
+                self.stream.write(f"colltrace: {key} is over: the ranks it waited for arrived"
+                                  + (f" (last seen: {was})" if was else "") + "\n")
+                self.stream.flush()
+        if changed:
+            self._write_json("snapshot.json", snap)
+            with open(os.path.join(self.dir, "report.txt"), "w") as fh:
+                fh.write(render_report(self.findings))
+            self.stream.flush()
 
     def start_dashboard(self) -> None:
         """Serve the live dashboard from a thread of this process (colltrace_dashboard, an optional

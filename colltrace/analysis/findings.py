@@ -61,6 +61,15 @@ def _frame_refs(f: dict) -> None:
     look["framework_frame"] = i + 1 if isinstance(nxt, dict) and nxt.get("origin") == "framework" else None
 
 
+def _probe_fields(e: dict, entry: dict) -> None:
+    """What the watchdog's probes saw of a rank in no collective: which route gave its stack,
+    its activity over the wait (progressing / frozen / blocked_io), threads that died."""
+    for k in ("stack_via", "stack_errors", "activity", "thread_exceptions"):
+        if entry.get(k):
+            e[k] = entry[k]
+
+
+
 class Verdicts:
     def __init__(self, snap: Snapshot, stall_s: float, now: float):
         self.snap = snap
@@ -83,6 +92,7 @@ class Verdicts:
         for rank, view in self.snap.ranks.items():
             if view.alone and rank not in dead:
                 dead.add(rank)  # crashed or killed alone: worth a finding before anyone waits for it
+        dead.update(self._raised_first(dead))
         for rank in sorted(dead):
             made.append(self._dead(rank))
         for comp in deadlocks:
@@ -255,6 +265,7 @@ class Verdicts:
                 e["stack_at"] = v.entry.get("stack_at")
             else:
                 e["note"] = "no live stack available"
+            _probe_fields(e, v.entry)
             flight = [_compact(r.raw) for r in v.pending if r.state == "in_flight"]
             if flight:
                 e["in_flight"] = flight[-3:]   # async work it issued and that has not completed
@@ -545,6 +556,18 @@ class Verdicts:
         why = ("error" if exc else "stack" if v.stack else "signal" if (v.exit or {}).get("signal") else "vanished")
         f["look_first"] = {"ranks": [rank], "rank": rank, "reason": why}
         return f, ([node] if node is not None else []), own
+
+    def _raised_first(self, dead: set[int]) -> set[int]:
+        """Ranks that exited with an exception while others were in a collective with them: the
+        others' collectives failed because of it (gloo: "Connection closed by peer"), before anyone
+        was seen waiting. Their own exceptions, consequences, name no rank and get no finding."""
+        out = set()
+        for rank, view in self.snap.ranks.items():
+            if (rank not in dead and view.status == "exited" and (view.exit or {}).get("exception") and view.cause
+                    and not view.failed):   # its own collective failed first: a consequence
+                if any(item["missing"] for item in self._failed_because(rank)):
+                    out.add(rank)
+        return out
 
     def _failed_because(self, rank: int) -> list[dict]:
         """Collectives that failed on other ranks because this one is gone (gloo: "Connection

@@ -21,6 +21,9 @@ class RunCommand:
         p.add_argument("--user-packages", metavar="NAME[,NAME...]",
                        help="installed packages that are your own code (an installed library of yours): verdicts "
                             "name their lines like your scripts' [env COLLTRACE_USER_PACKAGES]")
+        p.add_argument("--abort-stall-s", type=float,
+                       help="with --on-hang abort: also end a stall whose missing ranks still compute, after this "
+                            "many seconds (default: never; frozen ones are ended at once)")
         p.add_argument("--dashboard", metavar="[HOST:]PORT",
                        help="serve the live dashboard while the job runs (127.0.0.1 unless HOST is given; "
                             "another HOST needs COLLTRACE_DASHBOARD_TOKEN; port 0 picks a free one)")
@@ -32,6 +35,8 @@ class RunCommand:
             raise UsageError("nothing to run: give the job after --, e.g. colltrace run -- torchrun --nproc-per-node 4 train.py")
         if args.stall_s is not None and args.stall_s < 0:
             raise UsageError("--stall-s must be >= 0")
+        if args.abort_stall_s is not None and args.abort_stall_s < 0:
+            raise UsageError("--abort-stall-s must be >= 0")
         directory = args.dir or os.path.join(config.DEFAULT_DIR, time.strftime("run-%Y%m%d-%H%M%S"))
         os.makedirs(directory, exist_ok=True)
         env = dict(os.environ, COLLTRACE="1", COLLTRACE_DIR=directory, COLLTRACE_WATCHDOG="external")
@@ -41,6 +46,8 @@ class RunCommand:
             env["COLLTRACE_ON_HANG"] = args.on_hang
         if args.user_packages is not None:
             env["COLLTRACE_USER_PACKAGES"] = args.user_packages
+        if args.abort_stall_s is not None:
+            env["COLLTRACE_ABORT_STALL_S"] = str(args.abort_stall_s)
         if args.dashboard is not None:
             env["COLLTRACE_DASHBOARD"] = _dashboard_bind(args.dashboard, env)
         settings = config.load(env)

@@ -456,6 +456,7 @@ def _stall(f: dict) -> str:
     dead = [r for r in waiting if (table.get(str(r)) or {}).get("state") in ("dead", "exited")]
     if dead:
         text += f" {_cap(rank_word(dead))} {_verb(dead, 'has', 'have')} died since, still waiting."
+    text += _activity(f, missing)
     return text + _untraced(f) + _behind(f)
 
 
@@ -470,6 +471,7 @@ def _unmatched(f: dict) -> str:
             f"but rank {c} has not posted the matching {want}{count}.")
     if str(c) in table:
         text += " " + _cap(_where_instead(f, [int(c)], table[str(c)])) + "."
+    text += _activity(f, [int(c)]) if c is not None else ""
     return text + _behind(f)
 
 
@@ -593,7 +595,8 @@ def _advice_dead(f: dict, look: dict) -> str:
     why = look.get("reason")
     exc = (e.get("exit") or {}).get("exception") if isinstance(e.get("exit"), dict) else None
     if why == "error" and exc:
-        return f"Look first at rank {rank}'s error, {exc} (its log has the traceback)."
+        at = user_location(e["stack"]) if e.get("stack") else None
+        return f"Look first at rank {rank}'s error, {exc}" + (f", raised at {at}" if at else "") + " (its log has the traceback)."
     if why == "stack" and e.get("stack"):
         return f"Look first at why rank {rank} {how} at {user_location(e['stack'])}."
     if why == "signal":
@@ -623,6 +626,19 @@ def _advice_deadlock(f: dict, look: dict) -> str:
     return text + _history_clause(dict(look, ranks=waiting, versus=missing))
 
 
+def _thread_deaths(e: dict) -> list[dict]:
+    return [x for x in e.get("thread_exceptions") or [] if isinstance(x, dict)]
+
+
+def _thread_death_advice(e: dict, who: str, goal: str) -> str:
+    """A rank one of whose threads died of an exception: that is the first cause (the main thread
+    then waits for what the thread would have done)."""
+    x = _thread_deaths(e)[-1]
+    at = user_location(x.get("frames")) or "its thread"
+    return (f"Look first at {at}: {who}'s thread {x.get('thread') or '?'} died of {x.get('type')} "
+            f"({_first_line(x.get('message') or '')}), and {who} waits at {where(e)} instead of reaching {goal}.")
+
+
 def _advice_stall(f: dict, look: dict) -> str:
     table = f.get("ranks") or {}
     waiting = f.get("waiting") or []
@@ -644,11 +660,15 @@ def _advice_stall(f: dict, look: dict) -> str:
     who = rank_word(rs)
     if e.get("state") in ("unreadable", "unknown"):
         return f"Look first at {who}: {_its(rs)} trace could not be read, and {goal} waits for {_verb(rs, 'it', 'them')}."
+    if _thread_deaths(e):
+        return _thread_death_advice(e, who, goal)
     if e.get("frames") or e.get("state") in PENDING_STATES:
         return (f"Look first at {where(e)}, where {who} {_verb(rs, 'is', 'are')}: "
                 f"{_verb(rs, 'it never reaches', 'they never reach')} {goal}.")
     pid = e.get("pid")
     hint = f" (py-spy dump --pid {pid} on its host shows where it is)" if pid else ""
+    if e.get("stack_errors"):
+        hint = f" (no live stack: {'; '.join(map(str, e['stack_errors']))})"
     return (f"Look first at what {who} {_verb(rs, 'does', 'do')} after {_its(rs)} last collective{hint}: "
             f"{_verb(rs, 'it never reaches', 'they never reach')} {goal}.")
 
@@ -860,3 +880,71 @@ def culprit_paragraph(culprits: list[int], reasons: dict, others: list[int]) -> 
                f"The other {len(others)} ranks involved ({short_ranks(others)}) only wait")
         text += f" {who}, directly or through others, on {'it' if len(culprits) == 1 else 'them'}."
     return text
+
+
+# -- progress over the wait (the watchdog's samples of the ranks others wait for) -------------------
+ROUTES = {"in-process": "the rank's own thread", "signal": "faulthandler's signal", "py-spy": "py-spy"}
+
+
+def activity_text(rank, e: dict) -> str | None:
+    """"rank 0: busy, 8.7 s of CPU in eval.py:40 (long_eval) over the last 9.0 s" and the like."""
+    a = e.get("activity") if isinstance(e, dict) else None
+    via = ROUTES.get(e.get("stack_via")) if isinstance(e, dict) else None
+    if not isinstance(a, dict):
+        return f"rank {rank}: live stack by {via}" if via else None
+    at = frame_text(a["at"]) if isinstance(a.get("at"), dict) else where(e)
+    cpu, w = a.get("cpu_s") or 0.0, a.get("window_s") or 0.0
+    state = a.get("state")
+    if state == "progressing" and a.get("how") == "busy":
+        text = f"rank {rank}: busy, {cpu:.1f} s of CPU in {at} over the last {w:.1f} s"
+    elif state == "progressing":
+        text = (f"rank {rank}: moving, {a.get('stacks_seen')} different stacks (now {at}) and {cpu:.1f} s of CPU "
+                f"over the last {w:.1f} s")
+    elif state == "blocked_io":
+        moved = a.get("io_bytes") or 0
+        text = (f"rank {rank}: blocked in I/O in {at}, {cpu:.1f} s of CPU"
+                + (f" and {moved / 1e6:.1f} MB read or written" if moved >= 1e5 else "") + f" over the last {w:.1f} s")
+    elif state == "frozen":
+        text = f"rank {rank}: frozen, {cpu:.1f} s of CPU and the same stack in {at} over the last {w:.1f} s"
+    else:
+        text = f"rank {rank}: sampled for {w:.1f} s, too short to tell whether it moves"
+    return text + (f" (stack by {via})" if via else "")
+
+
+def _thread_death_lines(rank, e: dict) -> list[str]:
+    out = []
+    for x in (e.get("thread_exceptions") or [])[-1:]:
+        if isinstance(x, dict):
+            at = user_location(x.get("frames")) or "?"
+            out.append(f"rank {rank}'s thread {x.get('thread') or '?'} died of {x.get('type')}: "
+                       f"{_first_line(x.get('message') or '')} at {at}")
+    return out
+
+
+def activity_lines(finding: dict, ranks=None) -> str:
+    """The activity of the ranks a stall waits for, "; "-joined ("" when nothing was sampled)."""
+    table = finding.get("ranks") or {}
+    if ranks is None:
+        ranks = (finding.get("missing_ranks") or []) + (finding.get("unknown_ranks") or [])
+    parts = []
+    for r in _sorted_ranks(ranks):
+        e = table.get(str(r)) or {}
+        t = activity_text(r, e)
+        if t:
+            parts.append(t)
+    return "; ".join(parts)
+
+
+def _activity(finding: dict, ranks) -> str:
+    """" Progress: …" for a stall's paragraph, and what it means for COLLTRACE_ON_HANG=abort."""
+    table = finding.get("ranks") or {}
+    deaths = [d for r in _sorted_ranks(ranks) for d in _thread_death_lines(r, table.get(str(r)) or {})]
+    deaths = "".join(f" {_cap(d)}." for d in deaths)
+    text = activity_lines(finding, ranks)
+    if not text:
+        return deaths
+    states = [((table.get(str(r)) or {}).get("activity") or {}).get("state") for r in ranks]
+    if states and all(s == "progressing" for s in states):
+        text += (f". {_cap(rank_word(ranks))} {_verb(ranks, 'is', 'are')} still working: slow, not hung "
+                 f"(COLLTRACE_ON_HANG=abort leaves {'it' if len(ranks) == 1 else 'them'} running)")
+    return f"{deaths} Progress: {text}."

@@ -135,6 +135,9 @@ class FolderSource:
             theirs = saved.get(rank)
             if entry.get("status") == "alive" and not entry.get("stack") and isinstance(theirs, dict) and theirs.get("stack"):
                 entry["stack"], entry["stack_at"] = theirs["stack"], theirs.get("stack_at")
+                for k in ("stack_via", "activity"):   # which route gave it; busy, frozen or blocked in I/O
+                    if theirs.get(k):
+                        entry[k] = theirs[k]
 
     def _read_post_mortem(self) -> Reading:
         try:

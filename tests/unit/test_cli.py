@@ -18,6 +18,7 @@ def cli(*args, timeout=60):
     ["frobnicate"],
     ["run"],
     ["run", "--stall-s", "-1", "--", "true"],
+    ["run", "--abort-stall-s", "-1", "--", "true"],
     ["dump", "DIR", "--from-store", "nohostport"],
 ])
 def test_bad_usage_is_one_line_and_exit_2(args, tmp_path):

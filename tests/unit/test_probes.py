@@ -1,0 +1,142 @@
+"""Progress over a stall from samples (plain data), and what COLLTRACE_ON_HANG=abort may end."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from colltrace import probes
+from colltrace.analysis import report
+
+EVAL = {"file": "/job/eval.py", "line": 40, "func": "long_eval"}
+NAP = {"file": "/job/train.py", "line": 12, "func": "nap"}
+
+
+def procs(*points, state="sleeping", io=0):
+    return [{"t": t, "cpu": cpu, "io": io, "state": state} for t, cpu in points]
+
+
+def stacks(*frames_at):
+    return [(t, tuple((f["file"], f["line"], f["func"]) for f in fr), fr) for t, fr in frames_at]
+
+
+def test_cpu_time_over_the_window_is_busy():
+    a = probes.classify(procs((0.0, 1.0), (9.0, 9.7)), stacks((0.0, [EVAL]), (9.0, [EVAL])))
+    assert a["state"] == "progressing" and a["how"] == "busy" and a["cpu_s"] == 8.7 and a["window_s"] == 9.0
+    assert report.activity_text(0, {"activity": a}) == "rank 0: busy, 8.7 s of CPU in eval.py:40 (long_eval) over the last 9.0 s"
+
+
+def test_a_moving_stack_without_cpu_is_progress():
+    moved = dict(EVAL, line=41)
+    a = probes.classify(procs((0.0, 1.0), (4.0, 1.05)), stacks((0.0, [EVAL]), (4.0, [moved])))
+    assert a["state"] == "progressing" and a["how"] == "moving"
+
+
+def test_neither_cpu_nor_stack_is_frozen():
+    a = probes.classify(procs((0.0, 1.0), (4.0, 1.01)), stacks((0.0, [NAP]), (2.0, [NAP]), (4.0, [NAP])))
+    assert a["state"] == "frozen"
+    assert "frozen, 0.0 s of CPU and the same stack in train.py:12 (nap)" in report.activity_text(3, {"activity": a})
+
+
+def test_waiting_for_data_is_blocked_in_io(tmp_path):
+    src = tmp_path / "fetch.py"
+    src.write_text("def fetch(sock):\n    return sock.recv(4096)\n")
+    at = {"file": str(src), "line": 2, "func": "fetch"}
+    a = probes.classify(procs((0.0, 1.0), (4.0, 1.0)), stacks((0.0, [at]), (4.0, [at])))
+    assert a["state"] == "blocked_io"
+    disk = probes.classify(procs((0.0, 1.0), (4.0, 1.0), state="disk-sleep"), stacks((0.0, [NAP])))
+    assert disk["state"] == "blocked_io"
+
+
+def test_too_short_a_window_tells_nothing():
+    assert probes.classify(procs((0.0, 1.0), (0.2, 1.0)), [])["state"] == "unknown"
+    assert probes.classify(procs((0.0, 1.0)), [])["state"] == "unknown"
+
+
+def stall(*states, waited=5.0):
+    ranks = {"0": {"state": "waiting"}}
+    for i, s in enumerate(states, 1):
+        ranks[str(i)] = {"state": "not_in_collective", **({"activity": {"state": s}} if s else {})}
+    return {"kind": "stall", "missing_ranks": list(range(1, len(states) + 1)), "waited_s": waited, "ranks": ranks}
+
+
+def test_abort_ends_a_stall_only_when_every_missing_rank_is_frozen():
+    assert probes.act_on(stall("frozen", "frozen"), "abort") == (True, "stall: ranks 1,2 frozen")
+    assert not probes.act_on(stall("frozen", "progressing"), "abort")[0]
+    assert not probes.act_on(stall("blocked_io"), "abort")[0]
+    assert not probes.act_on(stall("unknown"), "abort")[0]          # not sampled long enough yet
+    assert probes.act_on(stall(None), "abort")[0]                    # not observable at all: as before
+    assert probes.act_on(stall("progressing", waited=61), "abort", abort_stall_s=60)[0]
+    assert not probes.act_on(stall("progressing", waited=59), "abort", abort_stall_s=60)[0]
+    assert probes.act_on(stall("progressing"), "dump")[0]            # dump only writes stacks
+    assert probes.act_on({"kind": "deadlock", "missing_ranks": [3], "ranks": {}}, "abort")[0]
+
+
+def test_the_rank_answers_a_stack_request_from_its_own_thread(tmp_path):
+    code = ("import time, threading\n"
+            "from colltrace import probes\n"
+            "r = probes.StackResponder(%r, 0)\n"
+            "def serve():\n"
+            "    while True:\n"
+            "        r.poll(); time.sleep(0.02)\n"
+            "threading.Thread(target=serve, daemon=True).start()\n"
+            "def nap():\n"
+            "    time.sleep(60)\n"
+            "print('up', flush=True)\n"
+            "nap()\n") % str(tmp_path)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "up"
+        time.sleep(0.2)
+        got = probes.live_stacks(str(tmp_path), {0: (p.pid, {})}, py_spy_ok=False)
+    finally:
+        p.kill()
+        p.wait()
+    frames, route, _ = got[0]
+    assert route == "in-process" and frames[-1]["func"] == "nap"
+
+
+def test_faulthandler_answers_by_signal_while_the_gil_is_held(tmp_path):
+    code = ("import json, re, sys\n"
+            "from colltrace import probes\n"
+            "meta, f = probes.install_signal(%r, 0)\n"
+            "print(json.dumps(meta), flush=True)\n"
+            "def spin():\n"
+            "    re.match(r'(a+)+$', 'a' * 40 + 'b')\n"
+            "spin()\n") % str(tmp_path)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        import json
+
+        meta = json.loads(p.stdout.readline())
+        assert meta["stack_signal"] == signal.SIGRTMIN + probes.SIGNAL_OFFSET
+        time.sleep(0.3)
+        got = probes.live_stacks(str(tmp_path), {0: (p.pid, meta)}, py_spy_ok=False)
+        assert p.poll() is None   # the signal did not end it
+    finally:
+        p.kill()
+        p.wait()
+    frames, route, why = got[0]
+    assert route == "signal" and frames[-1]["func"] == "match" and frames[-2]["func"] == "spin", why
+    assert os.path.exists(probes.signal_path(str(tmp_path), 0))
+
+
+def test_a_signal_the_program_handles_is_left_to_it(tmp_path):
+    code = ("import json, signal\n"
+            "from colltrace import probes\n"
+            "signal.signal(probes.stack_signal(), lambda *a: None)\n"
+            "meta, f = probes.install_signal(%r, 0)\n"
+            "print(json.dumps(meta))\n") % str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert '"stack_signal": null' in out and "handles signal" in out
+
+
+def test_abort_stall_s_setting():
+    from colltrace import config
+
+    assert config.load({"COLLTRACE_ABORT_STALL_S": "600"}).abort_stall_s == 600.0
+    assert config.load({}).abort_stall_s == 0.0
+    bad = config.load({"COLLTRACE_ABORT_STALL_S": "soon"})
+    assert bad.abort_stall_s == 0.0 and "COLLTRACE_ABORT_STALL_S" in bad.warnings[0]
