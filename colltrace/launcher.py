@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 
+from colltrace import storage
+
 _child = None  # kept referenced so the interpreter does not warn about a running child
 
 
@@ -36,11 +38,17 @@ def ensure_watchdog(settings, rec) -> None:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
         return
+    except OSError as exc:   # a full folder: the ranks are traced, nobody watches them live
+        storage.warn_once("claim", f"no watchdog: cannot create {path}: {storage.describe(exc)}")
+        return
     try:
         cmd = [sys.executable, "-m", "colltrace.watchdog", "--dir", settings.dir, "--job", job,
                "--host", settings.host, "--spawned-by", str(os.getpid())]
         _child = subprocess.Popen(cmd, env=watchdog_env(), stdin=subprocess.DEVNULL,
                                   start_new_session=True, close_fds=True)
         os.write(fd, f"{_child.pid}\n".encode())
+    except OSError as exc:   # the pid is only informative; a watchdog that did not start is said once
+        if _child is None:
+            storage.warn_once("claim", f"no watchdog: {storage.describe(exc)}")
     finally:
         os.close(fd)

@@ -17,7 +17,7 @@ import time
 import traceback
 import weakref
 
-from colltrace import flightrecorder, ringfile
+from colltrace import flightrecorder, ringfile, storage
 from colltrace.ringfile import COMPLETE, ENTER, F_DONE, F_P2P, FAIL, RETURN, UNTRACED
 
 _time = time.time
@@ -64,9 +64,26 @@ class Recorder:
         self.rank = rank
         self.disabled = False
         d = settings.dir
-        os.makedirs(d, exist_ok=True)
-        self.ring = ringfile.RingWriter(rank_file(d, rank, "ring"), settings.ring_slots)
-        self.defs = ringfile.DefsWriter(rank_file(d, rank, "defs.jsonl"), settings.defs_max_bytes)
+        self.ring = None
+        self._storage_failed = False
+        defs_path = rank_file(d, rank, "defs.jsonl")
+        try:
+            # Definitions (their meta line) before the ring: a watchdog that sees this rank's
+            # ring replaced then reads this job's meta, not the previous run's.
+            os.makedirs(d, exist_ok=True)
+            self.defs = ringfile.DefsWriter(defs_path, settings.defs_max_bytes, on_error=self._storage_error)
+            self._write_meta(rank, world_size, backend)
+            if self.defs.failed is not None:
+                raise self.defs.failed
+            self.ring = ringfile.RingWriter(rank_file(d, rank, "ring"), settings.ring_slots)
+        except OSError as exc:
+            if getattr(self, "defs", None) is not None:
+                self.defs.close()
+                try:
+                    os.unlink(defs_path)
+                except OSError:
+                    pass
+            raise storage.StorageError(self._storage_text(exc)) from exc
         self.fault_path = rank_file(d, rank, "fault.txt")
         self._fault_file = None
         self.local = _Local()
@@ -84,11 +101,6 @@ class Recorder:
         self._event_factory = event_factory
         self._stop = threading.Event()
         self._internal_error_reported = False
-        self.defs.write({
-            "k": "meta", "rank": rank, "world_size": world_size, "pid": os.getpid(), "host": settings.host,
-            "job": job_id(), "started": _time(), "backend": backend, "argv": sys.argv[:8],
-            "stall_s": settings.stall_s, "local_rank": os.environ.get("LOCAL_RANK"),
-        })
         self._install_fault_handler()
         self._prev_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
@@ -99,13 +111,45 @@ class Recorder:
         self._poller.start()
 
     # ---- process-level records -------------------------------------------------------
+    def _write_meta(self, rank, world_size, backend):
+        settings = self.settings
+        self.defs.write({
+            "k": "meta", "rank": rank, "world_size": world_size, "pid": os.getpid(), "host": settings.host,
+            "job": job_id(), "started": _time(), "backend": backend, "argv": sys.argv[:8],
+            "stall_s": settings.stall_s, "local_rank": os.environ.get("LOCAL_RANK"),
+        })
+
+    def _storage_text(self, exc: BaseException) -> str:
+        return (f"cannot write traces to {self.settings.dir}: {storage.describe(exc)}; "
+                f"tracing is off on rank {self.rank}, the job goes on untraced")
+
+    def _storage_error(self, exc: BaseException) -> None:
+        """A write to the trace folder failed (full disk, quota): one line, then step aside.
+        What is already in the files stays readable; the ring says no more slots will come."""
+        if self._storage_failed:
+            return
+        self._storage_failed = True
+        if self.ring is None:
+            return   # still starting: the constructor reports it
+        sys.stderr.write(f"colltrace: warning: {self._storage_text(exc)}\n")
+        try:
+            self.ring.mark_stopped()
+            self.ring.heartbeat(_time())
+        except Exception:
+            pass
+        self.disable()
+
     def _install_fault_handler(self):
         # Leave a user's own faulthandler setup alone; otherwise dump every thread's stack to
         # our file on SIGSEGV/SIGABRT/SIGBUS/SIGFPE/SIGILL so the watchdog can name the signal.
         if faulthandler.is_enabled():
             self.defs.write({"k": "note", "text": "faulthandler already enabled by the program; fatal-signal stacks go where it chose"})
             return
-        self._fault_file = open(self.fault_path, "w")
+        try:
+            self._fault_file = open(self.fault_path, "w")
+        except OSError as exc:   # fatal-signal stacks are lost, nothing else
+            self.defs.write({"k": "note", "text": f"no fault file: {storage.describe(exc)}"})
+            return
         faulthandler.enable(file=self._fault_file, all_threads=True)
 
     def _excepthook(self, etype, value, tb):
@@ -306,5 +350,6 @@ class Recorder:
 
     def close(self):
         self.disable()
-        self.ring.close()
+        if self.ring is not None:
+            self.ring.close()
         self.defs.close()

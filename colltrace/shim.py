@@ -412,7 +412,12 @@ def _ensure_recorder():
             launcher.ensure_watchdog(settings, rec)
         except Exception as exc:
             _state["recorder"] = "failed"
-            sys.stderr.write(f"colltrace: tracing disabled on this process, could not start: {exc!r}\n")
+            from colltrace import storage
+
+            if isinstance(exc, storage.StorageError):   # a full trace folder: one warning, the job goes on
+                sys.stderr.write(f"colltrace: warning: {exc}\n")
+            else:
+                sys.stderr.write(f"colltrace: tracing disabled on this process, could not start: {exc!r}\n")
         return recorder
 
 

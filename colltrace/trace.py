@@ -304,8 +304,11 @@ class RankTrace:
         return "unknown", None
 
     def snapshot_entry(self) -> dict:
-        if self.error:
-            return {"rank": self.rank, "status": "unreadable", "error": self.error, "records": [], "progress": {},
+        # A rank whose tracing stepped aside (its folder filled up) runs on unseen: judged as
+        # unreadable, never as dead or stuck at its last record. `dump` still shows its records.
+        error = self.error or (self.ring.stopped and "tracing stopped on this rank (its trace folder is full)")
+        if error:
+            return {"rank": self.rank, "status": "unreadable", "error": error, "records": [], "progress": {},
                     "pid": None, "host": None, "exit": None, "died_at": None, "heartbeat": None,
                     "stack": None, "stack_at": None, "fault": None}
         status, exit_info = self.status()

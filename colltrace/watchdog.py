@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-from colltrace import config, flightrecorder, stacks, storelink, trace
+from colltrace import config, flightrecorder, stacks, storage, storelink, trace
 from colltrace.analysis import HANG_KINDS, analyze, render_report
 from colltrace.analysis import report as report_mod
 from colltrace.snapshot import compact_entry, merge, suspects
@@ -175,6 +175,7 @@ class Watchdog:
         self.store_address = store_address   # (host, port) or None
         self.link: storelink.StoreLink | None = None
         self._store_warned = False
+        self._write_warned = False
         self._store_next_try = 0.0
         self._published_at = 0.0
         self._wanted: set[int] = set()
@@ -249,13 +250,24 @@ class Watchdog:
                 self._store_down(exc)
 
     # -- output ---------------------------------------------------------------------------
+    def _write_failed(self, exc: OSError) -> None:
+        # A full or read-only folder: the findings still reach stderr (and the store); say so once.
+        if not self._write_warned:
+            self._write_warned = True
+            self.stream.write(f"colltrace: warning: cannot write to {self.dir}: {storage.describe(exc)}; "
+                              "findings go to this output only\n")
+            self.stream.flush()
+
     def _emit(self, new: list[dict], snap: dict) -> None:
-        with open(os.path.join(self.dir, "findings.jsonl"), "a") as f:
-            for finding in new:
-                f.write(json.dumps(finding, default=str) + "\n")
-        self._write_json("snapshot.json", snap)
-        with open(os.path.join(self.dir, "report.txt"), "w") as f:
-            f.write(render_report(self.findings))
+        try:
+            with open(os.path.join(self.dir, "findings.jsonl"), "a") as f:
+                for finding in new:
+                    f.write(json.dumps(finding, default=str) + "\n")
+            self._write_json("snapshot.json", snap)
+            with open(os.path.join(self.dir, "report.txt"), "w") as f:
+                f.write(render_report(self.findings))
+        except OSError as exc:
+            self._write_failed(exc)
         for finding in new:
             text = report_mod.paragraph(finding)
             classes = report_mod.render_stack_classes(finding)
@@ -268,17 +280,28 @@ class Watchdog:
             except storelink.StoreError as exc:
                 self._store_down(exc)
 
-    def _write_json(self, name: str, obj) -> None:
+    def _write_json(self, name: str, obj, warn: bool = True) -> None:
         tmp = os.path.join(self.dir, f".{name}.tmp")
-        with open(tmp, "w") as f:
-            json.dump(obj, f, default=str)
-        os.replace(tmp, os.path.join(self.dir, name))
+        try:
+            with open(tmp, "w") as f:
+                json.dump(obj, f, default=str)
+            os.replace(tmp, os.path.join(self.dir, name))
+        except OSError as exc:   # the previous version stays whole
+            if warn:
+                self._write_failed(exc)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
     def _dump_all_stacks(self) -> None:
         for rank, pid in self.node.pids().items():
             threads = stacks.dump(pid, native=True)
-            with open(os.path.join(self.dir, f"rank-{rank:05d}.stacks.txt"), "w") as f:
-                f.write(stacks.format_text(threads))
+            try:
+                with open(os.path.join(self.dir, f"rank-{rank:05d}.stacks.txt"), "w") as f:
+                    f.write(stacks.format_text(threads))
+            except OSError as exc:
+                self._write_failed(exc)
 
     def _on_hang(self, why: str) -> None:
         """COLLTRACE_ON_HANG on this host's ranks, once: dump their stacks; abort: end them too."""
@@ -363,7 +386,8 @@ class Watchdog:
         except Exception:
             pass
         if self.node.traces:
-            self._write_json("snapshot.json", merge([self.node.summary()], time.time()))
+            # without findings, a snapshot the folder cannot hold is no loss worth a line
+            self._write_json("snapshot.json", merge([self.node.summary()], time.time()), warn=bool(self.findings))
 
     def run(self, idle_exit_s: float = 600.0, stop=None) -> int:
         """stop: a threading.Event set by an embedding launcher (`colltrace run`) once its job ended."""
