@@ -94,6 +94,7 @@ class Recorder:
         self._sigs: dict = {}
         self._threads: dict = {}
         self.groups: dict = {}          # id(process group) -> GroupState
+        self._untraced_groups = weakref.WeakSet()   # groups that could not be described
         self._group_ids = itertools.count(1)
         self._rec_ids = itertools.count(1)
         self._pending: list = []        # (rec_id, waitable) polled for completion off the hot path
@@ -249,8 +250,11 @@ class Recorder:
             self._threads[ident] = tid
         return tid
 
-    def group_state(self, pg, describe) -> GroupState:
+    def group_state(self, pg, describe, quiet: bool = False) -> GroupState | None:
         """describe(pg) -> (name, desc, global ranks, backend, seq getter); called once per group.
+        None for a group that cannot be described (or named) yet: its calls pass through
+        untraced, with one note in the trace (none if quiet: torch fills in a new group's ranks
+        after registering it); the other groups are traced as ever.
 
         Groups are held weakly (keyed by id, the entry dropped when the group is freed, before
         its id can be reused): a group the program destroyed must be freed when torch lets go
@@ -258,17 +262,29 @@ class Recorder:
         key = id(pg)
         gs = self.groups.get(key)
         if gs is None:
-            name, desc, ranks, backend, get_seq = describe(pg)
+            try:
+                name, desc, ranks, backend, get_seq = describe(pg)
+                if not name:
+                    raise ValueError("it has no name")
+            except Exception as exc:
+                if not quiet and pg not in self._untraced_groups:
+                    self._untraced_groups.add(pg)
+                    self.defs.write({"k": "note", "t": _time(), "text": f"group {type(pg).__name__} not traced: {exc!r}"})
+                return None
             ref = weakref.ref(pg, lambda _, key=key, groups=self.groups: groups.pop(key, None))
             gs = GroupState(next(self._group_ids), ref, name, ranks, backend, get_seq)
             self.defs.write({"k": "group", "id": gs.id, "name": name, "desc": desc, "ranks": ranks, "backend": backend})
+            if get_seq is None:
+                self.defs.write({"k": "note", "t": _time(), "text": f"group {name} ({backend or type(pg).__name__}) "
+                                 "keeps no sequence numbers: numbered by the calls colltrace saw"})
             self.groups[key] = gs
         return gs
 
     # ---- events ----------------------------------------------------------------------
     def enter(self, gs: GroupState, sig: int, frame, flags: int, seq_hint_p2p=None, peer: int = -1, digest: int = 0):
         """Write the ENTER slot; returns the context exit() needs."""
-        before = gs.get_seq() if gs.get_seq is not None else -1
+        # A backend without a counter (one defined in Python): the calls seen are the count.
+        before = gs.get_seq() if gs.get_seq is not None else (gs.last_after or 0)
         last = gs.last_after
         if last is not None and before > last:
             # The backend ran collectives we did not see (DDP's C++ reducer, pg.allreduce, compiled code).
@@ -285,7 +301,7 @@ class Recorder:
 
     def exit(self, ctx, done: bool, waitable=None):
         rec, gs, before, seq, flags = ctx
-        after = gs.get_seq() if gs.get_seq is not None else -1
+        after = gs.get_seq() if gs.get_seq is not None else before + 1
         steps = after - before
         if flags & F_P2P:
             gs.p2p_offset += steps
@@ -301,7 +317,7 @@ class Recorder:
     def fail(self, ctx, exc: BaseException):
         rec, gs, before, seq, flags = ctx
         try:
-            gs.last_after = gs.get_seq() if gs.get_seq is not None else -1
+            gs.last_after = gs.get_seq() if gs.get_seq is not None else before + 1
         except Exception:
             pass
         self.ring.write(FAIL, flags, gs.id, 0, 0, 0, 0, seq, 0, _time(), rec)
