@@ -17,6 +17,10 @@ _child = None  # kept referenced so the interpreter does not warn about a runnin
 
 def claim_path(directory: str, host: str, job: str) -> str:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{host}-{job}")
+    if len(safe) > 120:   # a job id with a long FileStore path: keep the name within NAME_MAX
+        import hashlib
+
+        safe = safe[:80] + "-" + hashlib.sha1(safe.encode()).hexdigest()[:16]
     return os.path.join(directory, f".watchdog-{safe}.claim")
 
 
@@ -30,9 +34,7 @@ def ensure_watchdog(settings, rec) -> None:
     global _child
     if settings.watchdog != "auto":
         return
-    from colltrace.recorder import job_id
-
-    job = job_id()
+    job = rec.job
     path = claim_path(settings.dir, settings.host, job)
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)

@@ -28,9 +28,11 @@ def rank_file(directory: str, rank: int, suffix: str) -> str:
     return os.path.join(directory, f"rank-{rank:05d}.{suffix}")
 
 
-def job_id(environ=os.environ) -> str:
-    """The same string on every rank of one job: torchrun's run id, else the launcher's pid."""
-    return environ.get("TORCHELASTIC_RUN_ID") or f"ppid{os.getppid()}-{environ.get('MASTER_PORT', '')}"
+def job_id(environ=os.environ, store=None) -> str:
+    """The same string on every rank of one job, different between jobs (colltrace.identity)."""
+    from colltrace import identity
+
+    return identity.job_id(store, environ)
 
 
 def _line_of(code, lasti: int) -> int:
@@ -59,9 +61,10 @@ class GroupState:
 
 
 class Recorder:
-    def __init__(self, settings, rank: int, world_size: int, backend: str = "", event_factory=None):
+    def __init__(self, settings, rank: int, world_size: int, backend: str = "", event_factory=None, job=None):
         self.settings = settings
         self.rank = rank
+        self.job = job or job_id()
         self.disabled = False
         d = settings.dir
         self.ring = None
@@ -116,7 +119,7 @@ class Recorder:
         settings = self.settings
         self.defs.write({
             "k": "meta", "rank": rank, "world_size": world_size, "pid": os.getpid(), "host": settings.host,
-            "job": job_id(), "started": _time(), "backend": backend, "argv": sys.argv[:8],
+            "job": self.job, "started": _time(), "backend": backend, "argv": sys.argv[:8],
             "stall_s": settings.stall_s, "local_rank": os.environ.get("LOCAL_RANK"),
         })
 

@@ -404,11 +404,16 @@ def _ensure_recorder():
             c10d = _c10d
             if not c10d.is_initialized():
                 return None
-            from colltrace.recorder import Recorder
+            from colltrace.recorder import Recorder, job_id
 
             settings = _state["settings"]
             pg = c10d._get_default_group()
-            rec = Recorder(settings, c10d.get_rank(), c10d.get_world_size(), str(c10d.get_backend(pg)))
+            try:   # the job's own store tells this job from the others (colltrace.identity)
+                store = c10d._world.pg_map[pg][1]
+            except Exception:
+                store = None
+            rec = Recorder(settings, c10d.get_rank(), c10d.get_world_size(), str(c10d.get_backend(pg)),
+                           job=job_id(store=store))
             rec.group_state(pg, _describe_group)
             for other in list(c10d._world.pg_names):
                 if other is not pg and other is not None:

@@ -11,7 +11,7 @@ import json
 import os
 import re
 
-from colltrace import flightrecorder, ringfile
+from colltrace import flightrecorder, identity, ringfile
 from colltrace.analysis.report import user_frames
 from colltrace.ringfile import COMPLETE, ENTER, F_ASYNC, F_DIGEST, F_DONE, F_P2P, FAIL, RETURN, UNTRACED
 
@@ -366,12 +366,12 @@ def _newest_job(traces: list[RankTrace]) -> list[RankTrace]:
     """A folder reused across runs may hold ranks of an older job: keep the newest job's."""
     jobs = {}
     for tr in traces:
-        job = tr.meta.get("job")
+        job = identity.shared(tr.meta.get("job"))   # hosts of one job sharing this folder agree on it
         jobs[job] = max(jobs.get(job, 0), tr.meta.get("started", 0))
     if len(jobs) <= 1:
         return traces
     newest = max(jobs, key=jobs.get)
-    return [tr for tr in traces if tr.meta.get("job") == newest or tr.error]
+    return [tr for tr in traces if identity.shared(tr.meta.get("job")) == newest or tr.error]
 
 
 def load_traces(directory: str, window: int | None = None) -> list[RankTrace]:

@@ -52,6 +52,13 @@ def _process_gone(pid: int | None) -> bool:
         return False
 
 
+def _inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
 class NodeView:
     """Everything this host can see: its ranks' files, processes and live stacks."""
 
@@ -64,21 +71,31 @@ class NodeView:
         self.died_at: dict[int, float] = {}
         self.live_stacks: dict[int, tuple[float, list]] = {}
         self.first_seen = time.time()
+        self.replaced: set[int] = set()   # ranks whose files a later job in this folder took over
+        self._ignored_files: dict[int, int] = {}   # rank -> inode of the other job's ring file
 
     def discover(self) -> None:
         try:
             files = trace.rank_files(self.dir)
         except trace.TraceError:
             return
-        for rank in files:
-            if rank in self.traces or rank in self.ignored:
+        for rank, path in files.items():
+            if rank in self.traces:
                 continue
+            if rank in self.ignored:
+                # another job's file: looked at again once it is replaced (this job's rank may
+                # start after the watchdog did, in a folder the previous job left behind)
+                seen = self._ignored_files.get(rank)
+                if seen is None or seen == _inode(path):
+                    continue
+                self.ignored.discard(rank)
             tr = trace.RankTrace(self.dir, rank, window=SUMMARY_RECORDS * 4)
             tr.poll()
             if not tr.meta:
                 continue  # its meta line is not written yet: next round
             if (self.job and tr.meta.get("job") != self.job) or (self.host and tr.meta.get("host") != self.host):
                 self.ignored.add(rank)  # another job's or another host's rank
+                self._ignored_files[rank] = tr.ring._ino
                 continue
             self.traces[rank] = tr
 
@@ -87,8 +104,18 @@ class NodeView:
         self.discover()
         newly_gone = []
         now = time.time()
-        for rank, tr in self.traces.items():
+        for rank, tr in list(self.traces.items()):
             tr.poll()
+            if self.job and tr.meta and tr.meta.get("job") != self.job:
+                # A later job (the next test of a session, say) reuses this folder and rank
+                # number: this job's rank is gone, and the new file is not ours to read.
+                del self.traces[rank]
+                self.died_at.pop(rank, None)
+                self.live_stacks.pop(rank, None)
+                self.ignored.add(rank)
+                self._ignored_files[rank] = tr.ring._ino
+                self.replaced.add(rank)
+                continue
             if rank not in self.died_at and _process_gone(tr.meta.get("pid")):
                 self.died_at[rank] = now
                 tr.poll()  # whatever it wrote last
@@ -96,7 +123,7 @@ class NodeView:
         return newly_gone
 
     def all_gone(self) -> bool:
-        return bool(self.traces) and len(self.died_at) == len(self.traces)
+        return bool(self.traces or self.replaced) and len(self.died_at) == len(self.traces)
 
     def entry(self, rank: int) -> dict:
         tr = self.traces[rank]
@@ -389,8 +416,10 @@ class Watchdog:
             # without findings, a snapshot the folder cannot hold is no loss worth a line
             self._write_json("snapshot.json", merge([self.node.summary()], time.time()), warn=bool(self.findings))
 
-    def run(self, idle_exit_s: float = 600.0, stop=None) -> int:
-        """stop: a threading.Event set by an embedding launcher (`colltrace run`) once its job ended."""
+    def run(self, idle_exit_s: float = 600.0, stop=None, spawner: int | None = None) -> int:
+        """stop: a threading.Event set by an embedding launcher (`colltrace run`) once its job ended.
+        spawner: the rank that started this watchdog; if it is gone before any rank was seen
+        (a later job took the files over first), there is nothing left to watch."""
         _yield_cpu()
         period = self.settings.poll_s
         while True:
@@ -409,7 +438,8 @@ class Watchdog:
                 if self.node.all_gone():
                     self._final()
                     break
-            elif not self.node.traces and time.time() - self.node.first_seen > idle_exit_s:
+            elif not self.node.traces and (time.time() - self.node.first_seen > idle_exit_s
+                                           or _process_gone(spawner)):
                 break
             time.sleep(period)
         return 1 if self.findings else 0
@@ -431,7 +461,8 @@ def main(argv=None) -> int:
     except storelink.StoreError as exc:
         sys.stderr.write(f"colltrace: warning: COLLTRACE_STORE: {exc}; watching without the store\n")
         address = None
-    return Watchdog(args.dir, args.job, args.host, settings, once=args.once, store_address=address).run()
+    return Watchdog(args.dir, args.job, args.host, settings, once=args.once, store_address=address).run(
+        spawner=args.spawned_by)
 
 
 if __name__ == "__main__":
