@@ -334,6 +334,9 @@ class Recorder:
                 self.ring.heartbeat(_time())
                 self._drain_pending()
                 self._flight_recorder.poll()   # a watchdog's request for the Flight Recorder
+            except OSError as exc:   # its answer could not be written: the folder is full
+                self._storage_error(exc)
+                return
             except Exception as exc:  # pragma: no cover - defensive
                 self.internal_error(exc)
                 return
