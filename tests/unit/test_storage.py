@@ -9,7 +9,6 @@ import pytest
 
 from colltrace import config, ringfile, storage, trace
 from colltrace.recorder import Recorder
-from colltrace.ringfile import ENTER, RETURN
 
 
 class FakeGroup:
