@@ -1,6 +1,9 @@
 """colltrace: find which rank is missing from which collective, and where it is instead.
 
 Importing this package is cheap: torch is imported only by install().
+
+PYTEST_DONT_REWRITE: the start-up hook imports this package before pytest can rewrite it
+(pytest would warn, and `-W error` would end the session).
 """
 __version__ = "0.1.0"
 

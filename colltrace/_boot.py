@@ -2,6 +2,8 @@
 
 It must cost almost nothing when colltrace is off, so it imports nothing beyond what the
 interpreter already has and returns after one environment lookup.
+
+PYTEST_DONT_REWRITE: imported before pytest starts (see colltrace/__init__.py).
 """
 import os
 import sys

@@ -10,11 +10,17 @@ import os
 import subprocess
 import sys
 
+from colltrace import storage
+
 _child = None  # kept referenced so the interpreter does not warn about a running child
 
 
 def claim_path(directory: str, host: str, job: str) -> str:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{host}-{job}")
+    if len(safe) > 120:   # a job id with a long FileStore path: keep the name within NAME_MAX
+        import hashlib
+
+        safe = safe[:80] + "-" + hashlib.sha1(safe.encode()).hexdigest()[:16]
     return os.path.join(directory, f".watchdog-{safe}.claim")
 
 
@@ -28,13 +34,14 @@ def ensure_watchdog(settings, rec) -> None:
     global _child
     if settings.watchdog != "auto":
         return
-    from colltrace.recorder import job_id
-
-    job = job_id()
+    job = rec.job
     path = claim_path(settings.dir, settings.host, job)
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
+        return
+    except OSError as exc:   # a full folder: the ranks are traced, nobody watches them live
+        storage.warn_once("claim", f"no watchdog: cannot create {path}: {storage.describe(exc)}")
         return
     try:
         cmd = [sys.executable, "-m", "colltrace.watchdog", "--dir", settings.dir, "--job", job,
@@ -42,5 +49,8 @@ def ensure_watchdog(settings, rec) -> None:
         _child = subprocess.Popen(cmd, env=watchdog_env(), stdin=subprocess.DEVNULL,
                                   start_new_session=True, close_fds=True)
         os.write(fd, f"{_child.pid}\n".encode())
+    except OSError as exc:   # the pid is only informative; a watchdog that did not start is said once
+        if _child is None:
+            storage.warn_once("claim", f"no watchdog: {storage.describe(exc)}")
     finally:
         os.close(fd)

@@ -17,7 +17,7 @@ import time
 import traceback
 import weakref
 
-from colltrace import flightrecorder, origins, probes, ringfile
+from colltrace import flightrecorder, origins, probes, ringfile, storage
 from colltrace.ringfile import COMPLETE, ENTER, F_DONE, F_P2P, FAIL, RETURN, UNTRACED
 
 _time = time.time
@@ -28,9 +28,11 @@ def rank_file(directory: str, rank: int, suffix: str) -> str:
     return os.path.join(directory, f"rank-{rank:05d}.{suffix}")
 
 
-def job_id(environ=os.environ) -> str:
-    """The same string on every rank of one job: torchrun's run id, else the launcher's pid."""
-    return environ.get("TORCHELASTIC_RUN_ID") or f"ppid{os.getppid()}-{environ.get('MASTER_PORT', '')}"
+def job_id(environ=os.environ, store=None) -> str:
+    """The same string on every rank of one job, different between jobs (colltrace.identity)."""
+    from colltrace import identity
+
+    return identity.job_id(store, environ)
 
 
 def _line_of(code, lasti: int) -> int:
@@ -59,14 +61,32 @@ class GroupState:
 
 
 class Recorder:
-    def __init__(self, settings, rank: int, world_size: int, backend: str = "", event_factory=None):
+    def __init__(self, settings, rank: int, world_size: int, backend: str = "", event_factory=None, job=None):
         self.settings = settings
         self.rank = rank
+        self.job = job or job_id()
         self.disabled = False
         d = settings.dir
-        os.makedirs(d, exist_ok=True)
-        self.ring = ringfile.RingWriter(rank_file(d, rank, "ring"), settings.ring_slots)
-        self.defs = ringfile.DefsWriter(rank_file(d, rank, "defs.jsonl"), settings.defs_max_bytes)
+        self.ring = None
+        self._storage_failed = False
+        defs_path = rank_file(d, rank, "defs.jsonl")
+        try:
+            # Definitions (their meta line) before the ring: a watchdog that sees this rank's
+            # ring replaced then reads this job's meta, not the previous run's.
+            os.makedirs(d, exist_ok=True)
+            self.defs = ringfile.DefsWriter(defs_path, settings.defs_max_bytes, on_error=self._storage_error)
+            self._write_meta(rank, world_size, backend)
+            if self.defs.failed is not None:
+                raise self.defs.failed
+            self.ring = ringfile.RingWriter(rank_file(d, rank, "ring"), settings.ring_slots)
+        except OSError as exc:
+            if getattr(self, "defs", None) is not None:
+                self.defs.close()
+                try:
+                    os.unlink(defs_path)
+                except OSError:
+                    pass
+            raise storage.StorageError(self._storage_text(exc)) from exc
         self.fault_path = rank_file(d, rank, "fault.txt")
         self._fault_file = None
         self.local = _Local()
@@ -77,6 +97,7 @@ class Recorder:
         self._sigs: dict = {}
         self._threads: dict = {}
         self.groups: dict = {}          # id(process group) -> GroupState
+        self._untraced_groups = weakref.WeakSet()   # groups that could not be described
         self._group_ids = itertools.count(1)
         self._rec_ids = itertools.count(1)
         self._pending: list = []        # (rec_id, waitable) polled for completion off the hot path
@@ -84,15 +105,6 @@ class Recorder:
         self._event_factory = event_factory
         self._stop = threading.Event()
         self._internal_error_reported = False
-        # before the meta line, which says which signal (if any) dumps this rank's stacks
-        probe_meta, self._stack_signal_file = probes.install_signal(d, rank)
-        self.defs.write({
-            "k": "meta", "rank": rank, "world_size": world_size, "pid": os.getpid(), "host": settings.host,
-            "job": job_id(), "started": _time(), "backend": backend, "argv": sys.argv[:8],
-            "stall_s": settings.stall_s, "local_rank": os.environ.get("LOCAL_RANK"), **probe_meta,
-            # where this rank's torch, stdlib and packages are: frames are classified against them
-            "roots": origins.local_roots(getattr(settings, "user_packages", ())),
-        })
         self._install_fault_handler()
         self._prev_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
@@ -106,13 +118,49 @@ class Recorder:
         self._poller.start()
 
     # ---- process-level records -------------------------------------------------------
+    def _write_meta(self, rank, world_size, backend):
+        settings = self.settings
+        # before the meta line, which says which signal (if any) dumps this rank's stacks
+        probe_meta, self._stack_signal_file = probes.install_signal(settings.dir, rank)
+        self.defs.write({
+            "k": "meta", "rank": rank, "world_size": world_size, "pid": os.getpid(), "host": settings.host,
+            "job": self.job, "started": _time(), "backend": backend, "argv": sys.argv[:8],
+            "stall_s": settings.stall_s, "local_rank": os.environ.get("LOCAL_RANK"), **probe_meta,
+            # where this rank's torch, stdlib and packages are: frames are classified against them
+            "roots": origins.local_roots(getattr(settings, "user_packages", ())),
+        })
+
+    def _storage_text(self, exc: BaseException) -> str:
+        return (f"cannot write traces to {self.settings.dir}: {storage.describe(exc)}; "
+                f"tracing is off on rank {self.rank}, the job goes on untraced")
+
+    def _storage_error(self, exc: BaseException) -> None:
+        """A write to the trace folder failed (full disk, quota): one line, then step aside.
+        What is already in the files stays readable; the ring says no more slots will come."""
+        if self._storage_failed:
+            return
+        self._storage_failed = True
+        if self.ring is None:
+            return   # still starting: the constructor reports it
+        sys.stderr.write(f"colltrace: warning: {self._storage_text(exc)}\n")
+        try:
+            self.ring.mark_stopped()
+            self.ring.heartbeat(_time())
+        except Exception:
+            pass
+        self.disable()
+
     def _install_fault_handler(self):
         # Leave a user's own faulthandler setup alone; otherwise dump every thread's stack to
         # our file on SIGSEGV/SIGABRT/SIGBUS/SIGFPE/SIGILL so the watchdog can name the signal.
         if faulthandler.is_enabled():
             self.defs.write({"k": "note", "text": "faulthandler already enabled by the program; fatal-signal stacks go where it chose"})
             return
-        self._fault_file = open(self.fault_path, "w")
+        try:
+            self._fault_file = open(self.fault_path, "w")
+        except OSError as exc:   # fatal-signal stacks are lost, nothing else
+            self.defs.write({"k": "note", "text": f"no fault file: {storage.describe(exc)}"})
+            return
         faulthandler.enable(file=self._fault_file, all_threads=True)
 
     def _excepthook(self, etype, value, tb):
@@ -228,8 +276,11 @@ class Recorder:
             self._threads[ident] = tid
         return tid
 
-    def group_state(self, pg, describe) -> GroupState:
+    def group_state(self, pg, describe, quiet: bool = False) -> GroupState | None:
         """describe(pg) -> (name, desc, global ranks, backend, seq getter); called once per group.
+        None for a group that cannot be described (or named) yet: its calls pass through
+        untraced, with one note in the trace (none if quiet: torch fills in a new group's ranks
+        after registering it); the other groups are traced as ever.
 
         Groups are held weakly (keyed by id, the entry dropped when the group is freed, before
         its id can be reused): a group the program destroyed must be freed when torch lets go
@@ -237,17 +288,29 @@ class Recorder:
         key = id(pg)
         gs = self.groups.get(key)
         if gs is None:
-            name, desc, ranks, backend, get_seq = describe(pg)
+            try:
+                name, desc, ranks, backend, get_seq = describe(pg)
+                if not name:
+                    raise ValueError("it has no name")
+            except Exception as exc:
+                if not quiet and pg not in self._untraced_groups:
+                    self._untraced_groups.add(pg)
+                    self.defs.write({"k": "note", "t": _time(), "text": f"group {type(pg).__name__} not traced: {exc!r}"})
+                return None
             ref = weakref.ref(pg, lambda _, key=key, groups=self.groups: groups.pop(key, None))
             gs = GroupState(next(self._group_ids), ref, name, ranks, backend, get_seq)
             self.defs.write({"k": "group", "id": gs.id, "name": name, "desc": desc, "ranks": ranks, "backend": backend})
+            if get_seq is None:
+                self.defs.write({"k": "note", "t": _time(), "text": f"group {name} ({backend or type(pg).__name__}) "
+                                 "keeps no sequence numbers: numbered by the calls colltrace saw"})
             self.groups[key] = gs
         return gs
 
     # ---- events ----------------------------------------------------------------------
     def enter(self, gs: GroupState, sig: int, frame, flags: int, seq_hint_p2p=None, peer: int = -1, digest: int = 0):
         """Write the ENTER slot; returns the context exit() needs."""
-        before = gs.get_seq() if gs.get_seq is not None else -1
+        # A backend without a counter (one defined in Python): the calls seen are the count.
+        before = gs.get_seq() if gs.get_seq is not None else (gs.last_after or 0)
         last = gs.last_after
         if last is not None and before > last:
             # The backend ran collectives we did not see (DDP's C++ reducer, pg.allreduce, compiled code).
@@ -264,7 +327,7 @@ class Recorder:
 
     def exit(self, ctx, done: bool, waitable=None):
         rec, gs, before, seq, flags = ctx
-        after = gs.get_seq() if gs.get_seq is not None else -1
+        after = gs.get_seq() if gs.get_seq is not None else before + 1
         steps = after - before
         if flags & F_P2P:
             gs.p2p_offset += steps
@@ -280,7 +343,7 @@ class Recorder:
     def fail(self, ctx, exc: BaseException):
         rec, gs, before, seq, flags = ctx
         try:
-            gs.last_after = gs.get_seq() if gs.get_seq is not None else -1
+            gs.last_after = gs.get_seq() if gs.get_seq is not None else before + 1
         except Exception:
             pass
         self.ring.write(FAIL, flags, gs.id, 0, 0, 0, 0, seq, 0, _time(), rec)
@@ -295,6 +358,9 @@ class Recorder:
                 self._drain_pending()
                 self._flight_recorder.poll()   # a watchdog's request for the Flight Recorder
                 self._stack_responder.poll()   # a watchdog's request for this rank's stacks
+            except OSError as exc:   # its answer could not be written: the folder is full
+                self._storage_error(exc)
+                return
             except Exception as exc:  # pragma: no cover - defensive
                 self.internal_error(exc)
                 return
@@ -330,5 +396,6 @@ class Recorder:
 
     def close(self):
         self.disable()
-        self.ring.close()
+        if self.ring is not None:
+            self.ring.close()
         self.defs.close()

@@ -17,6 +17,8 @@ import mmap
 import os
 import struct
 
+from colltrace import storage
+
 MAGIC = b"CLTRACE1"
 VERSION = 1
 HEADER_SIZE = 4096
@@ -25,6 +27,8 @@ SLOT_SIZE = SLOT.size
 HEADER = struct.Struct("<8sIIIIqd")          # magic, version, slot size, slots, pad, pid, created
 COUNT = struct.Struct("<Qd")                 # slots written, heartbeat
 COUNT_OFFSET = 64
+STOPPED = struct.Struct("<I")                # the header's pad: 1 once tracing stepped aside
+STOPPED_OFFSET = 20
 
 # slot kinds
 ENTER, RETURN, COMPLETE, UNTRACED, FAIL = 1, 2, 3, 4, 5
@@ -44,15 +48,28 @@ class RingWriter:
         self.path = path
         self.slots = slots
         size = HEADER_SIZE + slots * SLOT_SIZE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        # Built under a hidden name, fully allocated (a page of a sparse mapping that cannot be
+        # allocated is a SIGBUS in the program), then renamed in place: a reader of a previous
+        # run's file sees a new file, never a truncated one. Raises OSError (ENOSPC) instead.
+        d, base = os.path.split(path)
+        tmp = os.path.join(d, f".{base}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.ftruncate(fd, size)
-            self._mm = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        import time
+            try:
+                storage.preallocate(fd, size)
+                self._mm = mmap.mmap(fd, size)
+            finally:
+                os.close(fd)
+            import time
 
-        HEADER.pack_into(self._mm, 0, MAGIC, VERSION, SLOT_SIZE, slots, 0, os.getpid(), time.time())
+            HEADER.pack_into(self._mm, 0, MAGIC, VERSION, SLOT_SIZE, slots, 0, os.getpid(), time.time())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
         self._serial = itertools.count()
         self._pack = SLOT.pack_into
         self.written = 0
@@ -68,6 +85,10 @@ class RingWriter:
     def heartbeat(self, t: float) -> None:
         COUNT.pack_into(self._mm, COUNT_OFFSET, self.written, t)
 
+    def mark_stopped(self) -> None:
+        """Say in the header that tracing stepped aside: no slot after this one will come."""
+        STOPPED.pack_into(self._mm, STOPPED_OFFSET, 1)
+
     def close(self) -> None:
         try:
             self._mm.flush()
@@ -80,17 +101,33 @@ class DefsWriter:
     """Append-only JSON lines. Bounded: past max_bytes, new definitions are dropped (callers
     fall back to id 0, shown as 'not recorded')."""
 
-    def __init__(self, path: str, max_bytes: int):
+    def __init__(self, path: str, max_bytes: int, on_error=None):
+        """on_error(exc): called once, on the first write that fails (ENOSPC, EDQUOT); every
+        write after it is dropped. A line cut short by the failure stays unterminated, and
+        readers skip it."""
         self.path = path
         self.max_bytes = max_bytes
         self.written = 0
+        self.failed: OSError | None = None
+        self.on_error = on_error
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
 
     def write(self, obj: dict) -> bool:
+        if self.failed is not None:
+            return False
         data = (json.dumps(obj, separators=(",", ":"), default=str) + "\n").encode()
         if self.written + len(data) > self.max_bytes and obj.get("k") not in ("meta", "exit", "note"):
             return False
-        os.write(self._fd, data)
+        try:
+            view = memoryview(data)
+            while view:   # a full disk first writes what fits, then fails
+                n = os.write(self._fd, view)
+                view = view[n:]
+        except OSError as exc:
+            self.failed = exc
+            if self.on_error is not None:
+                self.on_error(exc)
+            return False
         self.written += len(data)
         return True
 
@@ -121,6 +158,7 @@ class RingReader:
         self._ino = None
         self._mm = None
         self.slots = 0
+        self.stopped = False   # the writer stepped aside (its folder was full): no more slots
 
     def _open(self):
         with open(self.path, "rb") as f:
@@ -136,6 +174,7 @@ class RingReader:
             mm.close()
             raise RingFormatError(f"{self.path}: truncated ring ({len(mm)} bytes for {slots} slots)")
         self._mm, self._ino, self.slots, self.pid = mm, st.st_ino, slots, pid
+        self.stopped = False
         self.next_serial = 0
 
     def reopened(self) -> bool:
@@ -152,6 +191,7 @@ class RingReader:
             self._open()
         mm = self._mm
         count, self.heartbeat = COUNT.unpack_from(mm, COUNT_OFFSET)
+        self.stopped = STOPPED.unpack_from(mm, STOPPED_OFFSET)[0] == 1
         # The header count is a hint refreshed with the heartbeat: scan forward from what we
         # know by commit numbers, jumping ahead where the ring wrapped past us.
         end = max(count, self.next_serial)

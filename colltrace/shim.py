@@ -152,6 +152,15 @@ def _param_getter(sig: inspect.Signature, name: str | None):
     return get
 
 
+def _group_attr(pg, attr: str) -> str:
+    """group_name / group_desc, or "" where the group has none: a group defined in Python
+    (dist.ProcessGroup subclassed, as custom backends are) raises RuntimeError here."""
+    try:
+        return str(getattr(pg, attr, ""))
+    except Exception:
+        return ""
+
+
 def _describe_group(pg):
     c10d = _c10d
     ranks = list(c10d.get_process_group_ranks(pg))
@@ -170,7 +179,9 @@ def _describe_group(pg):
             return fn(p) if p is not None else -1
     except Exception:
         pass
-    return str(getattr(pg, "group_name", "")), str(getattr(pg, "group_desc", "")), ranks, backend, get_seq
+    # c10d's own registry names every group it made, whatever its class (the same on every rank)
+    name = _group_attr(pg, "group_name") or str(c10d._world.pg_names.get(pg, "") or "")
+    return name, _group_attr(pg, "group_desc"), ranks, backend, get_seq
 
 
 def _to_global(gs, group_rank):
@@ -218,6 +229,8 @@ def _make_c10d_wrapper(name, orig):
             elif group is _NON_MEMBER:
                 return orig(*args, **kwargs)
             gs = rec.group_state(group, _describe_group)
+            if gs is None:   # a group colltrace cannot describe: its calls pass through untraced
+                return orig(*args, **kwargs)
             is_async = bool(get_async(args, kwargs)) or kind == "p" and op_name in ("isend", "irecv") or is_batch
             flags = (F_ASYNC if is_async else 0) | (F_P2P if is_p2p else 0)
             root = peer = -1
@@ -300,9 +313,10 @@ def _make_coalescing_wrapper(orig):
         try:
             group = get_group(args, kwargs) or _c10d._world.default_pg
             gs = rec.group_state(group, _describe_group)
-            is_async = bool(get_async(args, kwargs))
-            sig_id = rec.sig_id(("_coalescing_manager", "coalesced", gs.id, (), (), None, -1, -1, is_async))
-            ctx = rec.enter(gs, sig_id, sys._getframe(2), F_ASYNC if is_async else 0)
+            if gs is not None:
+                is_async = bool(get_async(args, kwargs))
+                sig_id = rec.sig_id(("_coalescing_manager", "coalesced", gs.id, (), (), None, -1, -1, is_async))
+                ctx = rec.enter(gs, sig_id, sys._getframe(2), F_ASYNC if is_async else 0)
         except Exception as exc:
             rec.internal_error(exc)
         rec.local.depth = 1 if ctx is not None else 0
@@ -344,6 +358,8 @@ def _make_funcol_wrapper(name, orig, resolve_group):
         try:
             pg = resolve_group(get_group(args, kwargs), get_tag(args, kwargs) or "")
             gs = rec.group_state(pg, _describe_group)
+            if gs is None:
+                return orig(*args, **kwargs)
             shapes, dtypes, _ = _describe_tensors(get_tensor(args, kwargs))
             redop = get_redop(args, kwargs)
             src = get_src(args, kwargs)
@@ -388,11 +404,16 @@ def _ensure_recorder():
             c10d = _c10d
             if not c10d.is_initialized():
                 return None
-            from colltrace.recorder import Recorder
+            from colltrace.recorder import Recorder, job_id
 
             settings = _state["settings"]
             pg = c10d._get_default_group()
-            rec = Recorder(settings, c10d.get_rank(), c10d.get_world_size(), str(c10d.get_backend(pg)))
+            try:   # the job's own store tells this job from the others (colltrace.identity)
+                store = c10d._world.pg_map[pg][1]
+            except Exception:
+                store = None
+            rec = Recorder(settings, c10d.get_rank(), c10d.get_world_size(), str(c10d.get_backend(pg)),
+                           job=job_id(store=store))
             rec.group_state(pg, _describe_group)
             for other in list(c10d._world.pg_names):
                 if other is not pg and other is not None:
@@ -412,7 +433,12 @@ def _ensure_recorder():
             launcher.ensure_watchdog(settings, rec)
         except Exception as exc:
             _state["recorder"] = "failed"
-            sys.stderr.write(f"colltrace: tracing disabled on this process, could not start: {exc!r}\n")
+            from colltrace import storage
+
+            if isinstance(exc, storage.StorageError):   # a full trace folder: one warning, the job goes on
+                sys.stderr.write(f"colltrace: warning: {exc}\n")
+            else:
+                sys.stderr.write(f"colltrace: tracing disabled on this process, could not start: {exc!r}\n")
         return recorder
 
 
@@ -425,7 +451,7 @@ def _make_group_hook(orig):
             if rec is not None and not rec.disabled:
                 pg = args[0] if args else kwargs.get("pg")
                 if pg is not None:
-                    rec.group_state(pg, _describe_group)
+                    rec.group_state(pg, _describe_group, quiet=True)
         except Exception:
             pass  # torch fills in the group's ranks after registering it: described at first use
         return result

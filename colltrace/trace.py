@@ -11,7 +11,7 @@ import json
 import os
 import re
 
-from colltrace import flightrecorder, origins, ringfile
+from colltrace import flightrecorder, identity, origins, ringfile
 from colltrace.ringfile import COMPLETE, ENTER, F_ASYNC, F_DIGEST, F_DONE, F_P2P, FAIL, RETURN, UNTRACED
 
 RANK_FILE = re.compile(r"rank-(\d+)\.ring$")
@@ -320,8 +320,11 @@ class RankTrace:
         return "unknown", None
 
     def snapshot_entry(self) -> dict:
-        if self.error:
-            return {"rank": self.rank, "status": "unreadable", "error": self.error, "records": [], "progress": {},
+        # A rank whose tracing stepped aside (its folder filled up) runs on unseen: judged as
+        # unreadable, never as dead or stuck at its last record. `dump` still shows its records.
+        error = self.error or (self.ring.stopped and "tracing stopped on this rank (its trace folder is full)")
+        if error:
+            return {"rank": self.rank, "status": "unreadable", "error": error, "records": [], "progress": {},
                     "pid": None, "host": None, "exit": None, "died_at": None, "heartbeat": None,
                     "stack": None, "stack_at": None, "fault": None}
         status, exit_info = self.status()
@@ -385,12 +388,12 @@ def _newest_job(traces: list[RankTrace]) -> list[RankTrace]:
     """A folder reused across runs may hold ranks of an older job: keep the newest job's."""
     jobs = {}
     for tr in traces:
-        job = tr.meta.get("job")
+        job = identity.shared(tr.meta.get("job"))   # hosts of one job sharing this folder agree on it
         jobs[job] = max(jobs.get(job, 0), tr.meta.get("started", 0))
     if len(jobs) <= 1:
         return traces
     newest = max(jobs, key=jobs.get)
-    return [tr for tr in traces if tr.meta.get("job") == newest or tr.error]
+    return [tr for tr in traces if identity.shared(tr.meta.get("job")) == newest or tr.error]
 
 
 def load_traces(directory: str, window: int | None = None) -> list[RankTrace]:

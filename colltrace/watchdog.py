@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-from colltrace import config, flightrecorder, probes, samekind, storelink, trace
+from colltrace import config, flightrecorder, probes, samekind, storage, storelink, trace
 from colltrace.analysis import HANG_KINDS, analyze, render_report
 from colltrace.analysis import report as report_mod
 from colltrace.snapshot import compact_entry, merge, suspects
@@ -52,6 +52,13 @@ def _process_gone(pid: int | None) -> bool:
         return False
 
 
+def _inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
 class NodeView:
     """Everything this host can see: its ranks' files, processes and live stacks."""
 
@@ -65,21 +72,31 @@ class NodeView:
         self.live_stacks: dict[int, tuple] = {}   # rank -> (taken at, frames, route, why others failed)
         self.activity: dict[int, probes.Activity] = {}   # ranks others wait for: CPU and stack samples
         self.first_seen = time.time()
+        self.replaced: set[int] = set()   # ranks whose files a later job in this folder took over
+        self._ignored_files: dict[int, int] = {}   # rank -> inode of the other job's ring file
 
     def discover(self) -> None:
         try:
             files = trace.rank_files(self.dir)
         except trace.TraceError:
             return
-        for rank in files:
-            if rank in self.traces or rank in self.ignored:
+        for rank, path in files.items():
+            if rank in self.traces:
                 continue
+            if rank in self.ignored:
+                # another job's file: looked at again once it is replaced (this job's rank may
+                # start after the watchdog did, in a folder the previous job left behind)
+                seen = self._ignored_files.get(rank)
+                if seen is None or seen == _inode(path):
+                    continue
+                self.ignored.discard(rank)
             tr = trace.RankTrace(self.dir, rank, window=SUMMARY_RECORDS * 4)
             tr.poll()
             if not tr.meta:
                 continue  # its meta line is not written yet: next round
             if (self.job and tr.meta.get("job") != self.job) or (self.host and tr.meta.get("host") != self.host):
                 self.ignored.add(rank)  # another job's or another host's rank
+                self._ignored_files[rank] = tr.ring._ino
                 continue
             self.traces[rank] = tr
 
@@ -88,8 +105,18 @@ class NodeView:
         self.discover()
         newly_gone = []
         now = time.time()
-        for rank, tr in self.traces.items():
+        for rank, tr in list(self.traces.items()):
             tr.poll()
+            if self.job and tr.meta and tr.meta.get("job") != self.job:
+                # A later job (the next test of a session, say) reuses this folder and rank
+                # number: this job's rank is gone, and the new file is not ours to read.
+                del self.traces[rank]
+                self.died_at.pop(rank, None)
+                self.live_stacks.pop(rank, None)
+                self.ignored.add(rank)
+                self._ignored_files[rank] = tr.ring._ino
+                self.replaced.add(rank)
+                continue
             if rank not in self.died_at and _process_gone(tr.meta.get("pid")):
                 self.died_at[rank] = now
                 tr.poll()  # whatever it wrote last
@@ -97,7 +124,7 @@ class NodeView:
         return newly_gone
 
     def all_gone(self) -> bool:
-        return bool(self.traces) and len(self.died_at) == len(self.traces)
+        return bool(self.traces or self.replaced) and len(self.died_at) == len(self.traces)
 
     def entry(self, rank: int) -> dict:
         tr = self.traces[rank]
@@ -204,6 +231,7 @@ class Watchdog:
         self.store_address = store_address   # (host, port) or None
         self.link: storelink.StoreLink | None = None
         self._store_warned = False
+        self._write_warned = False
         self._store_next_try = 0.0
         self._published_at = 0.0
         self._wanted: set[int] = set()
@@ -278,13 +306,24 @@ class Watchdog:
                 self._store_down(exc)
 
     # -- output ---------------------------------------------------------------------------
+    def _write_failed(self, exc: OSError) -> None:
+        # A full or read-only folder: the findings still reach stderr (and the store); say so once.
+        if not self._write_warned:
+            self._write_warned = True
+            self.stream.write(f"colltrace: warning: cannot write to {self.dir}: {storage.describe(exc)}; "
+                              "findings go to this output only\n")
+            self.stream.flush()
+
     def _emit(self, new: list[dict], snap: dict) -> None:
-        with open(os.path.join(self.dir, "findings.jsonl"), "a") as f:
-            for finding in new:
-                f.write(json.dumps(finding, default=str) + "\n")
-        self._write_json("snapshot.json", snap)
-        with open(os.path.join(self.dir, "report.txt"), "w") as f:
-            f.write(render_report(self.findings))
+        try:
+            with open(os.path.join(self.dir, "findings.jsonl"), "a") as f:
+                for finding in new:
+                    f.write(json.dumps(finding, default=str) + "\n")
+            self._write_json("snapshot.json", snap)
+            with open(os.path.join(self.dir, "report.txt"), "w") as f:
+                f.write(render_report(self.findings))
+        except OSError as exc:
+            self._write_failed(exc)
         for finding in new:
             text = report_mod.paragraph(finding)
             classes = report_mod.render_stack_classes(finding)
@@ -297,17 +336,28 @@ class Watchdog:
             except storelink.StoreError as exc:
                 self._store_down(exc)
 
-    def _write_json(self, name: str, obj) -> None:
+    def _write_json(self, name: str, obj, warn: bool = True) -> None:
         tmp = os.path.join(self.dir, f".{name}.tmp")
-        with open(tmp, "w") as f:
-            json.dump(obj, f, default=str)
-        os.replace(tmp, os.path.join(self.dir, name))
+        try:
+            with open(tmp, "w") as f:
+                json.dump(obj, f, default=str)
+            os.replace(tmp, os.path.join(self.dir, name))
+        except OSError as exc:   # the previous version stays whole
+            if warn:
+                self._write_failed(exc)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
     def _dump_all_stacks(self) -> None:
         for rank, pid in self.node.pids().items():
             text = probes.dump_text(self.dir, rank, pid, self.node.traces[rank].meta)
-            with open(os.path.join(self.dir, f"rank-{rank:05d}.stacks.txt"), "w") as f:
-                f.write(text)
+            try:
+                with open(os.path.join(self.dir, f"rank-{rank:05d}.stacks.txt"), "w") as f:
+                    f.write(text)
+            except OSError as exc:
+                self._write_failed(exc)
 
     def _on_hang(self, why: str) -> None:
         """COLLTRACE_ON_HANG on this host's ranks, once: dump their stacks; abort: end them too."""
@@ -429,10 +479,13 @@ class Watchdog:
         except Exception:
             pass
         if self.node.traces:
-            self._write_json("snapshot.json", merge([self.node.summary()], time.time()))
+            # without findings, a snapshot the folder cannot hold is no loss worth a line
+            self._write_json("snapshot.json", merge([self.node.summary()], time.time()), warn=bool(self.findings))
 
-    def run(self, idle_exit_s: float = 600.0, stop=None) -> int:
-        """stop: a threading.Event set by an embedding launcher (`colltrace run`) once its job ended."""
+    def run(self, idle_exit_s: float = 600.0, stop=None, spawner: int | None = None) -> int:
+        """stop: a threading.Event set by an embedding launcher (`colltrace run`) once its job ended.
+        spawner: the rank that started this watchdog; if it is gone before any rank was seen
+        (a later job took the files over first), there is nothing left to watch."""
         _yield_cpu()
         period = self.settings.poll_s
         while True:
@@ -451,7 +504,8 @@ class Watchdog:
                 if self.node.all_gone():
                     self._final()
                     break
-            elif not self.node.traces and time.time() - self.node.first_seen > idle_exit_s:
+            elif not self.node.traces and (time.time() - self.node.first_seen > idle_exit_s
+                                           or _process_gone(spawner)):
                 break
             time.sleep(period)
         return 1 if self.findings else 0
@@ -473,7 +527,8 @@ def main(argv=None) -> int:
     except storelink.StoreError as exc:
         sys.stderr.write(f"colltrace: warning: COLLTRACE_STORE: {exc}; watching without the store\n")
         address = None
-    return Watchdog(args.dir, args.job, args.host, settings, once=args.once, store_address=address).run()
+    return Watchdog(args.dir, args.job, args.host, settings, once=args.once, store_address=address).run(
+        spawner=args.spawned_by)
 
 
 if __name__ == "__main__":

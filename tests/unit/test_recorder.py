@@ -103,3 +103,20 @@ def test_internal_error_is_reported_once_and_tracing_steps_aside(tmp_path, capsy
     assert err.count("colltrace: internal error") == 1 and "the job is unaffected" in err
     assert rec.disabled
     rec.close()
+
+
+def test_a_group_that_cannot_be_described_passes_through_with_one_note(tmp_path, capsys):
+    rec = make(tmp_path)
+    odd = FakeGroup()
+
+    def broken(pg):
+        raise RuntimeError("ProcessGroup name not set")
+
+    assert rec.group_state(odd, broken) is None
+    assert rec.group_state(odd, broken) is None
+    gs = rec.group_state(FakeGroup(), describe)   # the others are traced as ever
+    assert gs is not None and not rec.disabled
+    tr = trace.load_traces(str(tmp_path))[0]
+    assert [n for n in tr.notes if "not traced" in n] == ["group FakeGroup not traced: RuntimeError('ProcessGroup name not set')"]
+    assert "colltrace" not in capsys.readouterr().err
+    rec.close()

@@ -1,0 +1,46 @@
+"""The job's identity: one string, the same on every rank of one job and different between jobs.
+
+torchrun's run id alone is not enough ("none" for every job without --standalone, none at all
+for ranks a test harness spawns), nor is the launcher's pid (one pytest process spawns every
+test's ranks). The default group's store is: each job makes its own (a TCPStore's address,
+a FileStore's file), read here from c10d's record of it, without a request on it.
+"""
+from __future__ import annotations
+
+import os
+
+# Begins the part of a job id that differs by host (see shared()).
+HOST_PART = "#ppid"
+
+
+def store_id(store) -> str:
+    """'tcp:HOST:PORT', 'file:PATH', or the store's type: the store under any PrefixStore."""
+    for _ in range(16):   # PrefixStore(PrefixStore(...)): find the real one
+        inner = getattr(store, "underlying_store", None)
+        if inner is None:
+            break
+        store = inner
+    kind = type(store).__name__
+    try:
+        if kind == "TCPStore":
+            return f"tcp:{store.host}:{store.port}"
+        if kind == "FileStore":
+            return f"file:{os.path.abspath(store.path)}"
+    except Exception:
+        pass
+    return kind
+
+
+def job_id(store=None, environ=os.environ) -> str:
+    """run id @ store. Without a run id that names the job, the launcher's pid is added after
+    HOST_PART: it tells apart jobs run one after another on the same port, on one host."""
+    run = environ.get("TORCHELASTIC_RUN_ID") or ""
+    where = store_id(store) if store is not None else f"port{environ.get('MASTER_PORT', '')}"
+    if run and run != "none":
+        return f"{run}@{where}"
+    return f"{run or 'job'}@{where}{HOST_PART}{os.getppid()}"
+
+
+def shared(job) -> str:
+    """The part of a job id every host of the job has (a folder shared by hosts holds both)."""
+    return str(job).rpartition(HOST_PART)[0] or str(job) if job is not None else ""
