@@ -87,6 +87,23 @@ def install_signal(directory: str, rank: int) -> tuple[dict, object]:
     return {"stack_signal": int(sig), "main_thread": threading.main_thread().ident}, f
 
 
+
+def uninstall_signal(f) -> None:
+    """Undo install_signal (a rank whose trace could not be started): unregister, close, remove."""
+    if f is None:
+        return
+    import faulthandler
+
+    try:
+        faulthandler.unregister(stack_signal())
+    except (ValueError, RuntimeError, TypeError):
+        pass
+    try:
+        f.close()
+        os.unlink(f.name)
+    except OSError:
+        pass
+
 def _frames_of(frame, limit: int = 128) -> list[dict]:
     out = []
     while frame is not None and limit:

@@ -68,6 +68,7 @@ class Recorder:
         self.disabled = False
         d = settings.dir
         self.ring = None
+        self._stack_signal_file = None
         self._storage_failed = False
         defs_path = rank_file(d, rank, "defs.jsonl")
         try:
@@ -80,6 +81,7 @@ class Recorder:
                 raise self.defs.failed
             self.ring = ringfile.RingWriter(rank_file(d, rank, "ring"), settings.ring_slots)
         except OSError as exc:
+            probes.uninstall_signal(self._stack_signal_file)
             if getattr(self, "defs", None) is not None:
                 self.defs.close()
                 try:
