@@ -36,6 +36,10 @@ _NAMES = {
 }
 # A family name whose single-tensor form is the _base op (told apart by how many tensors it has).
 _BASE_FORM = {"allgather": "allgather_base", "reduce_scatter": "reduce_scatter_base", "alltoall": "alltoall_base"}
+# A coalesced op over one tensor is the plain op (2.15 names a functional all_gather
+# ALLGATHER_INTO_TENSOR_COALESCED where 2.14 said ALLGATHER): ranks compare like with like.
+_SINGLE_FORM = {"allreduce_coalesced": "allreduce", "allgather_into_tensor_coalesced": "allgather_base",
+                "reduce_scatter_tensor_coalesced": "reduce_scatter_base"}
 
 
 class _Local(threading.local):
@@ -57,6 +61,8 @@ def op_name(name, n_in: int, n_out: int) -> str:
     op = _NAMES.get(text.lower().replace("_", ""), text.lower())
     if op == "allreduce" and n_in > 1:
         return "allreduce_coalesced"   # a coalesced block: one backend op over several tensors
+    if n_in == 1 and op in _SINGLE_FORM and n_out <= 1:
+        return _SINGLE_FORM[op]
     base = _BASE_FORM.get(op)
     if base is not None and n_in == 1 and n_out == 1:
         return base

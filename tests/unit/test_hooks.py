@@ -19,6 +19,7 @@ class HookOpName(enum.Enum):   # the spellings torch 2.14 and 2.15 use
     ALLREDUCE_COALESCED = 7
     SEND = 8
     UNKNOWN = 9
+    ALLGATHER_INTO_TENSOR_COALESCED = 10
 
 
 @pytest.mark.parametrize("name, n_in, n_out, expected", [
@@ -32,6 +33,9 @@ class HookOpName(enum.Enum):   # the spellings torch 2.14 and 2.15 use
     (HookOpName.REDUCE_SCATTER_BASE, 1, 1, "reduce_scatter_base"),
     (HookOpName.ALLTOALL, 1, 1, "alltoall_base"),
     (HookOpName.ALLTOALL_BASE, 1, 1, "alltoall_base"),
+    (HookOpName.ALLGATHER_INTO_TENSOR_COALESCED, 1, 1, "allgather_base"),  # 2.15: a functional all_gather
+    (HookOpName.ALLGATHER_INTO_TENSOR_COALESCED, 2, 2, "allgather_into_tensor_coalesced"),
+    (HookOpName.ALLREDUCE_COALESCED, 1, 0, "allreduce"),
     (HookOpName.SEND, 1, 0, "send"),
     (HookOpName.UNKNOWN, 0, 0, "unknown"),
     ("HookOpName.ALL_REDUCE", 1, 0, "allreduce"),                 # a str(), any underscores
