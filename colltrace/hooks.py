@@ -47,6 +47,9 @@ class _Local(threading.local):
 
 
 _local = _Local()
+_names: dict = {}   # (HookOpName, number of inputs) -> op, for ops whose name needs no outputs
+_NEEDS_OUTS = frozenset(("allgather", "allgather_base", "reduce_scatter", "reduce_scatter_base", "alltoall",
+                         "alltoall_base", "allgather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced"))
 _attached: "weakref.WeakSet" = weakref.WeakSet()
 _lock = threading.Lock()
 
@@ -124,16 +127,24 @@ def _make_pre(ref, shim):
                 # The previous op's post-hook never came: it raised inside the backend.
                 local.open = None
                 rec.fail(left[1], RuntimeError("the collective raised before returning its work"))
-            if gs_cache and gs_cache[0] is not None:
-                gs = gs_cache[0]
+            if gs_cache and gs_cache[0] is rec:
+                gs = gs_cache[1]
             else:
                 pg = ref()
                 if pg is None:
                     return
                 gs = rec.group_state(pg, shim._describe_group)
-                gs_cache[:] = [gs]
-            ins, outs = args.input_tensors, args.output_tensors
-            bop = op_name(args.name, len(ins), len(outs))
+                gs_cache[:] = [rec, gs]
+            ins = args.input_tensors
+            name = args.name
+            bop = _names.get((name, len(ins)))
+            if bop is None:   # output_tensors builds a list: read only for the families that need it
+                outs = args.output_tensors
+                bop = op_name(name, len(ins), len(outs))
+                if bop not in _NEEDS_OUTS:
+                    _names[(name, len(ins))] = bop
+            elif bop == "recv":
+                outs = args.output_tensors
             is_async = bool(args.async_op)
             flags = F_ASYNC if is_async else 0
             root = peer = -1
@@ -149,7 +160,7 @@ def _make_pre(ref, shim):
                 if r is not None and r >= 0:
                     root = shim._to_global(gs, r)
                 tensors = ins
-            shapes, dtypes, _ = shim._describe_tensors(list(tensors))
+            shapes, dtypes, _ = shim._describe_tensors(tensors)
             backend_op = shim.BACKEND_OVERRIDES.get((gs.backend, bop), bop)
             sig = rec.sig_id((bop, backend_op, gs.id, shapes, dtypes, None, root, peer, is_async))
             try:
