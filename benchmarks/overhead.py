@@ -8,7 +8,9 @@ Two gloo ranks on this machine, measured three ways:
    1-element all_reduce calls through colltrace's wrapper and through the original function,
    and likewise whole DDP training steps (forward, backward with DDP's C++ all-reduces, step,
    and one metrics all_reduce as trainers do). Same processes, same sockets, same moment:
-   the ratio is the wrapper's cost and nothing else.
+   the ratio is the wrapper's cost and nothing else. On torch >= 2.14 a third route, the
+   original function with colltrace's c10d hooks on (the native route), and "untraced" has
+   them off.
 2. Separate processes: untraced, traced (COLLTRACE=1 path, everything on), PyTorch's Flight
    Recorder (TORCH_FR_BUFFER_SIZE=2000) and TORCH_DISTRIBUTED_DEBUG=DETAIL, alternating round
    by round so drift hits all alike. Noisier (each pair of processes lands differently on 2
@@ -39,6 +41,14 @@ if mode in ("traced", "ab"):
     import colltrace; colltrace.install()
 dist.init_process_group("gloo")
 rank = dist.get_rank()
+native = False
+if mode == "ab":   # torch >= 2.14: orig() goes through c10d's hooks, colltrace's native route
+    from colltrace import hooks, shim
+    native = hooks.supported(dist.group.WORLD)
+
+def route(name):   # untraced: our hooks off; traced (the wrapper) and hook (the native route): on
+    if native:
+        hooks.detach_all() if name == "untraced" else hooks.attach(dist.group.WORLD, shim)
 wrapped = dist.all_reduce
 orig = getattr(wrapped, "__colltrace_original__", wrapped)
 x = torch.ones(1)
@@ -69,12 +79,15 @@ if mode != "detail":
     step_block(orig, 10)
 out = {}
 if mode == "ab":
-    res = {"allreduce": {"untraced": [], "traced": []}, "ddp_step": {"untraced": [], "traced": []}}
+    routes = [("untraced", orig), ("traced", wrapped)] + ([("hook", orig)] if native else [])
+    res = {k: {name: [] for name, _ in routes} for k in ("allreduce", "ddp_step")}
     for b in range(blocks):
-        order = (("untraced", orig), ("traced", wrapped)) if b % 2 == 0 else (("traced", wrapped), ("untraced", orig))
+        order = routes[b % len(routes):] + routes[:b % len(routes)]
         for name, f in order:
+            route(name)
             res["allreduce"][name].append(allreduce_block(f, n // blocks))
         for name, f in order:
+            route(name)
             res["ddp_step"][name].append(step_block(f, max(2, steps // blocks)))
     out = {k: {m: statistics.median(v) * 1e6 for m, v in d.items()} for k, d in res.items()}
 else:
@@ -137,6 +150,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=100, help="DDP training steps per round")
     ap.add_argument("--blocks", type=int, default=10, help="A/B blocks per round (in-process mode)")
     ap.add_argument("--no-instructions", action="store_true", help="skip the callgrind count")
+    ap.add_argument("--ab-only", action="store_true", help="only the in-process A/B (a quick run)")
     args = ap.parse_args()
     res: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -144,7 +158,7 @@ def main() -> int:
         with open(script, "w") as f:
             f.write(WORKER)
         for rnd in range(args.rounds):
-            for mode in ("ab", "untraced", "traced", "flightrec", "detail"):
+            for mode in ("ab",) if args.ab_only else ("ab", "untraced", "traced", "flightrec", "detail"):
                 out = run_pair(mode, args, script, os.path.join(tmp, f"trace-{mode}-{rnd}"))
                 if mode == "ab":
                     for kind, d in out.items():
@@ -161,6 +175,13 @@ def main() -> int:
                med[("ab", "allreduce", "untraced")], "collective"))
     print(line("in-process A/B, DDP step traced", med[("ab", "ddp_step", "traced")],
                med[("ab", "ddp_step", "untraced")], "step"))
+    if ("ab", "allreduce", "hook") in med:   # torch >= 2.14
+        print(line("in-process A/B, all_reduce via hook", med[("ab", "allreduce", "hook")],
+                   med[("ab", "allreduce", "untraced")], "collective"))
+        print(line("in-process A/B, DDP step, hooks on", med[("ab", "ddp_step", "hook")],
+                   med[("ab", "ddp_step", "untraced")], "step"))
+    if args.ab_only:
+        return 0
     print(line("separate processes, all_reduce traced", med[("sep", "allreduce", "traced")],
                med[("sep", "allreduce", "untraced")], "collective"))
     print(line("separate processes, all_reduce Flight Rec.", med[("sep", "allreduce", "flightrec")],

@@ -18,7 +18,7 @@ import threading
 import weakref
 import zlib
 
-from colltrace import config
+from colltrace import config, hooks
 from colltrace.ringfile import F_ASYNC, F_DIGEST, F_P2P
 
 # name: (backend op, tensor parameter compared across ranks, reducing?, kind)
@@ -162,6 +162,7 @@ def _group_attr(pg, attr: str) -> str:
 
 
 def _describe_group(pg):
+    hooks.attach(pg, sys.modules[__name__])   # torch >= 2.14: the native route for what no wrapper sees
     c10d = _c10d
     ranks = list(c10d.get_process_group_ranks(pg))
     try:
@@ -447,6 +448,9 @@ def _make_group_hook(orig):
     def wrapper(*args, **kwargs):
         result = orig(*args, **kwargs)
         try:
+            pg = args[0] if args else kwargs.get("pg")
+            if pg is not None:   # hooked now: its first collective may be issued on the group object
+                hooks.attach(pg, sys.modules[__name__])
             rec = recorder if recorder is not None else _ensure_recorder()
             if rec is not None and not rec.disabled:
                 pg = args[0] if args else kwargs.get("pg")
@@ -598,6 +602,7 @@ def uninstall() -> None:
             else:
                 setattr(_c10d, name, orig)
         _sweep(reverse)
+        hooks.detach_all()
         _state["originals"].clear()
         _state["installed"] = False
         _state["funcol"] = False

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from test_tracing import markers
+from test_tracing import NATIVE, markers
 
 pytestmark = pytest.mark.slow
 SCRIPT = "scenarios.py"
@@ -116,17 +116,29 @@ def test_healthy_ddp_fsdp2_dtensor_dcp_give_no_finding(torchrun_job, tmp_path):
     from colltrace import trace
 
     ops = {r["op"] for tr in trace.load_traces(job.dir) for r in tr.all_records()}
-    assert {"all_gather_single", "reduce_scatter_single", "untraced", "scatter"} <= ops   # FSDP2, DDP, DTensor were traced
+    assert {"all_gather_single", "reduce_scatter_single", "scatter"} <= ops   # FSDP2, DTensor were traced
+    # DDP's C++ all-reduces: records on torch >= 2.14 (c10d's hooks), counted gaps before
+    assert ("allreduce" in ops and "untraced" not in ops) if NATIVE else "untraced" in ops
 
 
 def test_skipped_backward_meets_ddps_unseen_all_reduce_as_a_mismatch(torchrun_job):
     """Rank 3 skips backward and goes on to a barrier while ranks 0-2 are in DDP's gradient
     all-reduce, which runs in C++ where no wrapper sees it. The Flight Recorder, asked for on
-    demand, names it: a mismatch within about a second, not a stall after COLLTRACE_STALL_S."""
+    demand, names it: a mismatch within about a second, not a stall after COLLTRACE_STALL_S.
+    On torch >= 2.14 c10d's hooks record the all-reduce itself, with the stack of backward."""
     job, rc = run(torchrun_job, "ddp_skip", stall_s=60)
     assert rc != 0
     (f,) = job.findings()
     assert f["kind"] == "mismatch" and f["differs"] == ["op"] and f["group"]["desc"] == "default_pg"
+    if NATIVE:
+        # torch >= 2.14: c10d's hook recorded the all-reduce itself, with the stack of backward
+        assert [(c["ranks"], c["op"], c.get("untraced", False)) for c in f["classes"]] == [
+            ([0, 1, 2], "allreduce", False), ([3], "barrier", False)]
+        for r in "012":
+            assert loc("ddp_backward") in frames_line(f["ranks"][r]) and not f["ranks"][r].get("untraced")
+        assert loc("skip_barrier") in f["summary"] + f["advice"]
+        assert f["detected_at"] - f["ranks"]["3"]["entered_at"] < 5.0
+        return
     assert [(c["ranks"], c["op"], c.get("untraced", False)) for c in f["classes"]] == [
         ([0, 1, 2], "all_reduce", True), ([3], "barrier", False)]
     for r in "012":

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from colltrace import trace
-from test_tracing import markers, user_line
+from test_tracing import NATIVE, markers, user_line
 
 
 @pytest.fixture(scope="module")
@@ -63,4 +63,8 @@ def test_torch_compile_runs_and_its_collective_is_counted_not_lost(groups_job):
         last = world[-1]
         assert user_line(last, "groups_and_fsdp.py") == lines["after_compile"]
         assert last["seq_end"] == truth["groups"]["world"]["seq"]   # in step with the backend
-        assert world[-2]["op"] == "untraced" and world[-2]["count"] == 1
+        if NATIVE:   # torch >= 2.14: the compiled code's all-reduce is a record, from the user's call
+            assert world[-2]["op"] == "allreduce" and world[-2]["seq"] == last["seq"] - 1
+            assert lines["compiled"] in [f["line"] for f in world[-2]["frames"] if f["file"].endswith("groups_and_fsdp.py")]
+        else:
+            assert world[-2]["op"] == "untraced" and world[-2]["count"] == 1

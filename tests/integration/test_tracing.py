@@ -8,9 +8,12 @@ import re
 
 import pytest
 
-from colltrace import trace
+import torch.distributed as dist
+
+from colltrace import hooks, trace
 
 JOBS = os.path.join(os.path.dirname(__file__), "jobs")
+NATIVE = hooks.supported(dist.ProcessGroup)   # torch >= 2.14: c10d's collective hooks
 
 
 def markers(script: str) -> dict[str, int]:
@@ -109,10 +112,22 @@ def test_numbers_agree_across_ranks_and_with_the_backend(all_ops):
     assert seqs[0] == seqs[1] == seqs[2], "the same collective has the same number on every rank"
 
 
-def test_ddp_reducer_allreduces_are_counted_gaps(all_ops):
+def test_ddp_reducer_allreduces_are_records_or_counted_gaps(all_ops):
     job = all_ops
     lines = markers("all_ops.py")
     recs = trace.load_traces(job.dir)[0].all_records()
+    if NATIVE:
+        # torch >= 2.14: c10d's hooks see DDP's C++ collectives; nothing is merely counted
+        assert not [r for r in recs if r["op"] == "untraced"]
+        built = [r["op"] for r in recs if user_line(r, "all_ops.py") == lines["ddp"]]
+        assert built == ["allgather", "broadcast", "broadcast"]   # shape check, then module states
+        i = next(i for i, r in enumerate(recs) if user_line(r, "all_ops.py") == lines["ddp_backward"])
+        grad = recs[i]
+        assert grad["op"] == "allreduce" and grad["state"] == "completed" and grad["shapes"] == [[20]]
+        assert "backward" in [f["func"] for f in grad["frames"]]
+        after = recs[i + 1]
+        assert user_line(after, "all_ops.py") == lines["all_reduce_last"] and after["seq"] == grad["seq_end"] + 1
+        return
     i = next(i for i, r in enumerate(recs) if r["op"] == "untraced")
     gap = recs[i]
     assert gap["count"] >= 2 and gap["seq_end"] - gap["seq"] + 1 == gap["count"]

@@ -54,7 +54,7 @@ elif rank == 1:
 sub = dist.new_group(list(range(world)))
 dist.all_reduce(torch.ones(1), group=sub)  # op: all_reduce_sub
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))  # op: ddp
-model(torch.randn(2, 4)).sum().backward()
+model(torch.randn(2, 4)).sum().backward()  # op: ddp_backward
 dist.all_reduce(x)  # op: all_reduce_last
 
 counts = {str(dist.group.WORLD.group_name): dist.group.WORLD._get_sequence_number_for_group(),

@@ -1,0 +1,198 @@
+"""The native route: c10d's per-group collective hooks (torch >= 2.14) record what no wrapper sees.
+
+torch 2.14 fires `ProcessGroup.register_pre_hook`/`register_post_hook` callbacks on the calling
+thread for every collective a group issues, whatever issued it: `pg.allreduce(...)` called on
+the group object, DDP's C++ reducer, compiled code, DTensor, FSDP2. While a Python wrapper is
+active on the thread (recorder.local.depth) the op is a part of the wrapper's logical op (the
+two all_gathers of all_gather_object) and the hook stays silent; otherwise the hook records the
+op itself, under the hook's op name, with the same ENTER/RETURN slots and numbering.
+
+Hooks run inside the user's collective: an exception raised in a pre-hook aborts it, so every
+hook body catches everything, reports once and steps aside. The feature is detected on the
+group (`register_pre_hook`), never by version: on torch 2.13 this module attaches nothing.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+
+from colltrace.ringfile import F_ASYNC, F_P2P
+
+HOOK_ID = 0x636F6C6C   # "coll": one id per group, ours; a program's own hooks use their own ids
+
+# HookOpName -> backend op name as the wrappers record it (C10D_OPS). torch 2.14 names a family
+# (ALLGATHER for both all_gather and all_gather_into_tensor); 2.15 adds the _BASE and _COALESCED
+# names. Keys are the enum name lower-cased without "_", so ALL_REDUCE and ALLREDUCE agree.
+_NAMES = {
+    "allreduce": "allreduce", "allreducecoalesced": "allreduce_coalesced",
+    "allgather": "allgather", "allgatherbase": "allgather_base", "allgathercoalesced": "allgather_coalesced",
+    "allgatherintotensorcoalesced": "allgather_into_tensor_coalesced",
+    "reducescatter": "reduce_scatter", "reducescatterbase": "reduce_scatter_base",
+    "reducescattertensorcoalesced": "reduce_scatter_tensor_coalesced",
+    "alltoall": "alltoall", "alltoallbase": "alltoall_base",
+    "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
+    "barrier": "barrier", "send": "send", "recv": "recv", "recvanysource": "recv",
+}
+# A family name whose single-tensor form is the _base op (told apart by how many tensors it has).
+_BASE_FORM = {"allgather": "allgather_base", "reduce_scatter": "reduce_scatter_base", "alltoall": "alltoall_base"}
+# A coalesced op over one tensor is the plain op (2.15 names a functional all_gather
+# ALLGATHER_INTO_TENSOR_COALESCED where 2.14 said ALLGATHER): ranks compare like with like.
+_SINGLE_FORM = {"allreduce_coalesced": "allreduce", "allgather_into_tensor_coalesced": "allgather_base",
+                "reduce_scatter_tensor_coalesced": "reduce_scatter_base"}
+
+
+class _Local(threading.local):
+    open = None   # the ctx of the op this thread's pre-hook recorded, until its post-hook
+
+
+_local = _Local()
+_names: dict = {}   # (HookOpName, number of inputs) -> op, for ops whose name needs no outputs
+_NEEDS_OUTS = frozenset(("allgather", "allgather_base", "reduce_scatter", "reduce_scatter_base", "alltoall",
+                         "alltoall_base", "allgather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced"))
+_attached: "weakref.WeakSet" = weakref.WeakSet()
+_lock = threading.Lock()
+
+
+def supported(pg) -> bool:
+    return callable(getattr(pg, "register_pre_hook", None)) and callable(getattr(pg, "register_post_hook", None))
+
+
+def op_name(name, n_in: int, n_out: int) -> str:
+    """HookOpName (2.14 or 2.15 spelling) -> the backend op name the wrappers record."""
+    text = getattr(name, "name", None) or str(name).rsplit(".", 1)[-1]
+    op = _NAMES.get(text.lower().replace("_", ""), text.lower())
+    if op == "allreduce" and n_in > 1:
+        return "allreduce_coalesced"   # a coalesced block: one backend op over several tensors
+    if n_in == 1 and op in _SINGLE_FORM and n_out <= 1:
+        return _SINGLE_FORM[op]
+    base = _BASE_FORM.get(op)
+    if base is not None and n_in == 1 and n_out == 1:
+        return base
+    return op
+
+
+def attach(pg, shim) -> bool:
+    """Register our pre/post hooks on `pg` once. The hooks hold the group weakly (a group holds
+    its hooks: a strong reference would keep every destroyed group alive). Never raises."""
+    try:
+        if not supported(pg):
+            return False
+        with _lock:
+            if pg in _attached:
+                return True
+            _attached.add(pg)
+        ref = weakref.ref(pg)
+        pg.register_pre_hook(HOOK_ID, _make_pre(ref, shim))
+        pg.register_post_hook(HOOK_ID, _make_post(shim))
+        return True
+    except Exception as exc:   # an odd group: the wrappers still trace it
+        _report(shim, exc)
+        return False
+
+
+def detach_all() -> None:
+    with _lock:
+        groups = list(_attached)
+        _attached.clear()
+    for pg in groups:
+        for fn in ("unregister_pre_hook", "unregister_post_hook"):
+            try:
+                getattr(pg, fn)(HOOK_ID)
+            except Exception:
+                pass
+
+
+def _report(shim, exc) -> None:
+    rec = shim.recorder
+    if rec is not None:
+        try:
+            rec.internal_error(exc)
+        except Exception:
+            pass
+
+
+def _make_pre(ref, shim):
+    getframe = sys._getframe
+    local = _local
+    gs_cache = []
+
+    def pre_hook(args):
+        try:
+            rec = shim.recorder
+            if rec is None or rec.disabled or rec.local.depth:
+                return   # untraced, or a part of the wrapper's logical op
+            left = local.open
+            if left is not None:
+                # The previous op's post-hook never came: it raised inside the backend.
+                local.open = None
+                rec.fail(left[1], RuntimeError("the collective raised before returning its work"))
+            if gs_cache and gs_cache[0] is rec:
+                gs = gs_cache[1]
+            else:
+                pg = ref()
+                if pg is None:
+                    return
+                gs = rec.group_state(pg, shim._describe_group)
+                gs_cache[:] = [rec, gs]
+            ins = args.input_tensors
+            name = args.name
+            bop = _names.get((name, len(ins)))
+            if bop is None:   # output_tensors builds a list: read only for the families that need it
+                outs = args.output_tensors
+                bop = op_name(name, len(ins), len(outs))
+                if bop not in _NEEDS_OUTS:
+                    _names[(name, len(ins))] = bop
+            elif bop == "recv":
+                outs = args.output_tensors
+            is_async = bool(args.async_op)
+            flags = F_ASYNC if is_async else 0
+            root = peer = -1
+            pair = None
+            r = args.root
+            if bop in ("send", "recv"):
+                flags |= F_P2P
+                peer = shim._to_global(gs, r) if r is not None and r >= 0 else -1
+                me = rec.rank
+                pair = (me, peer) if bop == "send" else (peer, me)
+                tensors = ins if bop == "send" else outs
+            else:
+                if r is not None and r >= 0:
+                    root = shim._to_global(gs, r)
+                tensors = ins
+            shapes, dtypes, _ = shim._describe_tensors(tensors)
+            backend_op = shim.BACKEND_OVERRIDES.get((gs.backend, bop), bop)
+            sig = rec.sig_id((bop, backend_op, gs.id, shapes, dtypes, None, root, peer, is_async))
+            try:
+                frame = getframe(1)
+            except ValueError:   # a thread with no Python frames (a C++ autograd thread)
+                frame = None
+            local.open = (args.op_id, rec.enter(gs, sig, frame, flags, pair, peer))
+        except Exception as exc:
+            local.open = None
+            _report(shim, exc)
+
+    return pre_hook
+
+
+def _make_post(shim):
+    local = _local
+
+    def post_hook(args):
+        try:
+            held = local.open
+            if held is None:
+                return
+            local.open = None
+            op_id, ctx = held
+            rec = shim.recorder
+            if rec is None or rec.disabled or op_id != args.op_id:
+                return
+            work = args.work
+            # The post-hook fires when the Work is returned, not when it completes: the poller
+            # marks the record complete once the Work says so.
+            rec.exit(ctx, done=work is None, waitable=work)
+        except Exception as exc:
+            _report(shim, exc)
+
+    return post_hook
