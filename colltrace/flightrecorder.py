@@ -16,6 +16,8 @@ import json
 import os
 import time
 
+from colltrace import asks
+
 KEEP_PER_GROUP = 8   # newest entries per group written on request
 # FR's dtype names -> torch's short names, as the trace records them
 DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64",
@@ -47,32 +49,19 @@ def answered(directory: str, rank: int) -> bool:
         return False
 
 
-class Responder:
-    """Rank side: checked from the recorder's poller thread, off the hot path."""
+class Responder(asks.Responder):
+    """Rank side: answers the watchdog's request with the newest Flight Recorder entries."""
 
     def __init__(self, directory: str, rank: int):
-        self.req = request_path(directory, rank)
-        self.out = dump_path(directory, rank)
-        self.answered = 0
+        super().__init__(request_path(directory, rank), dump_path(directory, rank))
 
-    def poll(self) -> None:
-        try:
-            asked = os.stat(self.req).st_mtime_ns
-        except FileNotFoundError:
-            return
-        if asked == self.answered:
-            return
-        self.answered = asked
+    def answer(self) -> dict:
         data = {"t": time.time(), "entries": [], "error": None}
         try:
             data["entries"] = _newest(_dump())
         except Exception as exc:   # an older torch, the recorder off: say so, never raise
             data["error"] = f"{type(exc).__name__}: {exc}"
-        tmp = self.out + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, self.out)
-
+        return data
 
 def _dump() -> list[dict]:
     import torch

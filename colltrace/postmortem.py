@@ -24,5 +24,15 @@ def load(directory: str, prefix: str | None = None) -> dict:
     return frdump.to_snapshot(dumps, directory)
 
 
+def analyzed(directory: str, prefix: str | None, stall_s: float | None) -> tuple[dict, list[dict]]:
+    """(snapshot, findings) of DIR, judged by `stall_s` or else the job's own threshold. Raises
+    trace.TraceError on unreadable input."""
+    from colltrace.analysis import analyze
+
+    snap = load(directory, prefix)
+    threshold = stall_s if stall_s is not None else trace.job_stall_s(snap)
+    return snap, analyze(snap, stall_s=threshold, now=snap["taken_at"])
+
+
 def is_flight_recorder(snap: dict) -> bool:
     return (snap.get("source") or {}).get("kind") == "flight_recorder"

@@ -24,6 +24,8 @@ import sys
 import threading
 import time
 
+from colltrace import asks
+
 SIGNAL_OFFSET = 7            # SIGRTMIN+7: a real-time signal programs seldom use
 INPROC_WAIT_S = 0.4          # the poller wakes every poll period (0.1 s): a free GIL answers well within
 SIGNAL_WAIT_S = 0.5          # faulthandler writes in microseconds once the signal is delivered
@@ -129,28 +131,14 @@ def current_stacks() -> dict:
     return {"t": time.time(), "threads": threads}
 
 
-class StackResponder:
-    """Rank side: checked from the recorder's poller thread (flightrecorder.Responder's pattern)."""
+class StackResponder(asks.Responder):
+    """Rank side: answers the watchdog's request with every thread's stack."""
 
     def __init__(self, directory: str, rank: int):
-        self.req = request_path(directory, rank)
-        self.out = answer_path(directory, rank)
-        self.answered = 0
+        super().__init__(request_path(directory, rank), answer_path(directory, rank))
 
-    def poll(self) -> None:
-        try:
-            asked = os.stat(self.req).st_mtime_ns
-        except FileNotFoundError:
-            return
-        if asked == self.answered:
-            return
-        self.answered = asked
-        data = current_stacks()
-        tmp = self.out + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, self.out)
-
+    def answer(self) -> dict:
+        return current_stacks()
 
 # -- watchdog side: the routes -------------------------------------------------------------------
 def ask(directory: str, rank: int) -> None:

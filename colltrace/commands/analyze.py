@@ -22,15 +22,13 @@ class AnalyzeCommand:
                             "rank-numbered files share, e.g. nccl_trace_rank_)")
 
     def run(self, args, parser) -> int:
-        from colltrace.analysis import analyze, culprits, render_report
+        from colltrace.analysis import culprits, render_report
         from colltrace.commands import UsageError
 
         try:
-            snap = postmortem.load(args.dir, args.prefix)
+            snap, findings = postmortem.analyzed(args.dir, args.prefix, args.stall_s)
         except trace.TraceError as exc:
             raise UsageError(str(exc)) from None
-        stall_s = args.stall_s if args.stall_s is not None else trace.job_stall_s(snap)
-        findings = analyze(snap, stall_s=stall_s, now=snap["taken_at"])
         samekind.annotate(findings)   # reads the user's source files: after the (pure) analysis
         verdict = culprits.explain(findings)
         warnings = _warnings(snap)

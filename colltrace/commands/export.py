@@ -20,15 +20,13 @@ class ExportCommand:
 
     def run(self, args, parser) -> int:
         from colltrace import timeline
-        from colltrace.analysis import analyze, culprits
+        from colltrace.analysis import culprits
         from colltrace.commands import UsageError
 
         try:
-            snap = postmortem.load(args.dir, args.prefix)
+            snap, findings = postmortem.analyzed(args.dir, args.prefix, args.stall_s)
         except trace.TraceError as exc:
             raise UsageError(str(exc)) from None
-        stall_s = args.stall_s if args.stall_s is not None else trace.job_stall_s(snap)
-        findings = analyze(snap, stall_s=stall_s, now=snap["taken_at"])
         doc = timeline.build(snap, findings, culprits.explain(findings)["culprits"])
         tmp = args.perfetto + ".tmp"
         try:
