@@ -11,7 +11,7 @@ import time
 import pytest
 
 JOBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jobs")
-pytest.importorskip("expecttest", reason="torch.testing._internal needs expecttest (the test extra)")
+import expecttest  # noqa: E402,F401 - torch.testing._internal needs it (the test extra): fail loudly without
 
 
 def kill_all(pid, directory):
