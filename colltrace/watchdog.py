@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-from colltrace import config, flightrecorder, stacks, storelink, trace
+from colltrace import config, flightrecorder, meeting, stacks, storelink, trace
 from colltrace.analysis import HANG_KINDS, analyze, render_report
 from colltrace.analysis import report as report_mod
 from colltrace.snapshot import compact_entry, merge, suspects
@@ -26,6 +26,9 @@ SUMMARY_RECORDS = 64          # recent records per rank sent to the analysis (op
 STACK_REFRESH_S = 2.0
 FR_WAIT_S = 0.5               # how long a round waits for the Flight Recorder answers it asked for
 STORE_RETRY_S = 5.0
+LEADER_POLL_S = 0.5          # how often another host looks for the leader's announced address
+LEADER_WAIT_S = 60.0         # then it says so once and judges its own ranks alone
+LEADER_LINGER_S = 1.0        # the leader's server outlives its "ended" by this: the others read it first
 WATCHDOG_NICE = 10            # scheduling priority of the watchdog's threads (0 = the ranks')
 
 
@@ -179,6 +182,9 @@ class Watchdog:
         self._published_at = 0.0
         self._wanted: set[int] = set()
         self._connecting: threading.Thread | None = None
+        self.meeting: meeting.MeetingPoint | None = None   # the leader's own server (colltrace/meeting.py)
+        self._leader_ended = False         # the leader said the job is over: its server goes away quietly
+        self._leader_wait_since: float | None = None
         self.latest: tuple | None = None   # (snapshot, findings, time) of the leader's last round: the dashboard's feed
         self.dashboard = None              # COLLTRACE_DASHBOARD: its server once started (False: failed)
 
@@ -195,12 +201,12 @@ class Watchdog:
     def _link(self) -> storelink.StoreLink | None:
         """The store link, connected in the background: connecting imports torch (seconds),
         and this host's ranks are watched from their files meanwhile."""
-        if self.store_address is None or self.link is not None:
+        if self.store_address is None or self.link is not None or self._leader_ended:
             return self.link
         if self._connecting is None and time.time() >= self._store_next_try:
             def connect():
                 try:
-                    self.link = storelink.StoreLink(*self.store_address)
+                    self._meet()
                 except storelink.StoreError as exc:
                     self._store_down(exc)
                 finally:
@@ -209,6 +215,41 @@ class Watchdog:
             self._connecting = threading.Thread(target=connect, name="colltrace-store", daemon=True)
             self._connecting.start()
         return None
+
+    def _meet(self) -> None:
+        """The host of rank 0 serves the meeting point and announces it in the job's store; the
+        others look for that announcement (asking again until it is there, or rank 0 shows up
+        here) and then talk only to the leader's server."""
+        if 0 in self.node.traces:
+            if self.meeting is None:
+                self.meeting = meeting.MeetingPoint(*self.store_address)
+            link = storelink.StoreLink(*self.meeting.address)
+            self.meeting.announce()
+            self.link = link
+            return
+        found = meeting.find_leader(*self.store_address)
+        if found is not None:
+            self.link = storelink.StoreLink(*found)
+            return
+        now = time.time()
+        self._leader_wait_since = self._leader_wait_since or now
+        if now - self._leader_wait_since > LEADER_WAIT_S:
+            raise storelink.StoreError(f"no leader announced in the job's store at "
+                                       f"{self.store_address[0]}:{self.store_address[1]} after {LEADER_WAIT_S:.0f} s")
+        self._store_next_try = now + LEADER_POLL_S   # not announced yet: ask again, quietly
+
+    def close(self) -> None:
+        """The job is over: tell the other hosts, then take the one key out of the job's store."""
+        mp, self.meeting = self.meeting, None
+        if mp is None:
+            return
+        if self.link is not None:
+            try:
+                self.link.report_end()
+                time.sleep(LEADER_LINGER_S)
+            except storelink.StoreError:
+                pass
+        mp.withdraw()
 
     def _store_down(self, exc: Exception) -> None:
         # The ranks never touch the store: losing it costs only the cross-host view. Say so once.
@@ -235,6 +276,9 @@ class Watchdog:
             why = link.hang_reported()
             if why:
                 self._on_hang(why)
+            if link.leader_ended():
+                self._leader_ended, self.link = True, None
+                return [], set()
             return [], link.wanted_stacks()
         except storelink.StoreError as exc:
             self._store_down(exc)
@@ -364,6 +408,7 @@ class Watchdog:
             pass
         if self.node.traces:
             self._write_json("snapshot.json", merge([self.node.summary()], time.time()))
+        self.close()
 
     def run(self, idle_exit_s: float = 600.0, stop=None) -> int:
         """stop: a threading.Event set by an embedding launcher (`colltrace run`) once its job ended."""
@@ -407,7 +452,11 @@ def main(argv=None) -> int:
     except storelink.StoreError as exc:
         sys.stderr.write(f"colltrace: warning: COLLTRACE_STORE: {exc}; watching without the store\n")
         address = None
-    return Watchdog(args.dir, args.job, args.host, settings, once=args.once, store_address=address).run()
+    wd = Watchdog(args.dir, args.job, args.host, settings, once=args.once, store_address=address)
+    try:
+        return wd.run()
+    finally:   # SIGTERM too: never leave our key in the job's store
+        wd.close()
 
 
 if __name__ == "__main__":
