@@ -114,3 +114,22 @@ def test_a_hang_across_two_hosts_is_named_by_the_leader_and_abort_ends_both(two_
     assert r["2"]["op"] == "barrier" and r["3"]["op"] == "gather"
     assert loc("ckpt_barrier") in frames_line(r["2"]) and loc("teacher_gather") in frames_line(r["3"])
     assert "ending ranks 2" in outs["b"][1] or "ending ranks 2-3" in outs["b"][1] or "ending ranks 2, 3" in outs["b"][1], outs["b"][1][-3000:]
+
+
+def test_a_healthy_two_host_job_says_nothing(two_hosts, tmp_path):
+    """Traced, a healthy job on two hosts ends as untraced: exit 0, no colltrace line and no
+    "Broken pipe" in either host's output."""
+    dirs = {h: str(tmp_path / h) for h in "ab"}
+    procs = {h: _torchrun(two_hosts, h, i, dirs[h], "slow_ok", {"SLOW_S": "6"}) for i, h in enumerate("ab")}
+    start, outs = time.time(), {}
+    for h, p in procs.items():
+        try:
+            outs[h] = p.communicate(timeout=max(1, 120 - (time.time() - start)))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            outs[h] = p.communicate()
+            raise AssertionError(f"host {h}'s torchrun still running after 120 s:\n{outs[h][1][-3000:]}")
+    assert procs["a"].returncode == 0 and procs["b"].returncode == 0, outs
+    text = "".join(o + e for o, e in outs.values())
+    assert text.count("DONE") == 4
+    assert [l for l in text.splitlines() if "colltrace" in l.lower() or "broken pipe" in l.lower()] == []
