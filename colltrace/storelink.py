@@ -147,6 +147,21 @@ class StoreLink:
         raw = self._get(PREFIX + "hang")
         return raw.decode(errors="replace") if raw is not None else None
 
+    def node_summary(self, index: int) -> dict | None:
+        """One node's summary (another host keeps the leader's, to speak for its ranks if it dies)."""
+        key = f"{PREFIX}node/{index}"
+        raw = self._get(key)
+        if raw is None:
+            return None
+        have = self._decoded.get(key)
+        if have is None or have[0] != raw:
+            s = decode(raw)
+            if not (isinstance(s, dict) and isinstance(s.get("ranks"), dict)):
+                return None
+            s["groups"] = self._groups_of(key, s.get("groups_crc"), s.get("groups"))
+            have = self._decoded[key] = (raw, s)
+        return _with_beat(have[1], None)
+
     def leader_ended(self) -> bool:
         return self._get(PREFIX + "ended") is not None
 

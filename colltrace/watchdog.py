@@ -28,6 +28,7 @@ FR_WAIT_S = 0.5               # how long a round waits for the Flight Recorder a
 STORE_RETRY_S = 5.0
 LEADER_POLL_S = 0.5          # how often another host looks for the leader's announced address
 LEADER_WAIT_S = 60.0         # then it says so once and judges its own ranks alone
+LEADER_COPY_S = 1.0          # how often another host copies the leader's summary (its ranks, if its host dies)
 LEADER_LINGER_S = 1.0        # the leader's server outlives its "ended" by this: the others read it first
 WATCHDOG_NICE = 10            # scheduling priority of the watchdog's threads (0 = the ranks')
 
@@ -185,6 +186,8 @@ class Watchdog:
         self.meeting: meeting.MeetingPoint | None = None   # the leader's own server (colltrace/meeting.py)
         self._leader_ended = False         # the leader said the job is over: its server goes away quietly
         self._leader_wait_since: float | None = None
+        self._leader_copy: tuple[float, dict] | None = None   # (when, the leader's node summary)
+        self.lost_leader: dict | None = None   # the leader's ranks, marked dead, once its host stopped answering
         self.latest: tuple | None = None   # (snapshot, findings, time) of the leader's last round: the dashboard's feed
         self.dashboard = None              # COLLTRACE_DASHBOARD: its server once started (False: failed)
 
@@ -224,6 +227,7 @@ class Watchdog:
             if self.meeting is None:
                 self.meeting = meeting.MeetingPoint(*self.store_address)
             link = storelink.StoreLink(*self.meeting.address)
+            link.node_index = int(link._store.add(storelink.PREFIX + "nodes", 1))   # 1: the others know it
             self.meeting.announce()
             self.link = link
             return
@@ -253,6 +257,16 @@ class Watchdog:
 
     def _store_down(self, exc: Exception) -> None:
         # The ranks never touch the store: losing it costs only the cross-host view. Say so once.
+        if self.link is not None and self._leader_copy and self.lost_leader is None and not self.node.all_gone():
+            # The leader's server went away without saying the job ended: its host died. Its
+            # ranks, as last seen, are dead; this host judges what it can see from now on.
+            seen = self._leader_copy[1]
+            note = f"its host ({seen.get('host')}) stopped answering: the leader's meeting point at {self.link.address} is gone"
+            self.lost_leader = dict(seen, ranks={r: dict(e, status="dead", died_at=time.time(),
+                                                         exit={"signal": None, "note": note})
+                                                 for r, e in seen["ranks"].items()})
+            exc = storelink.StoreError(f"the leader's host ({seen.get('host')}, ranks "
+                                       f"{report_mod.format_ranks(sorted(int(r) for r in seen['ranks']))}) stopped answering")
         self.link = None
         self._store_next_try = time.time() + STORE_RETRY_S
         if not self._store_warned:
@@ -279,6 +293,10 @@ class Watchdog:
             if link.leader_ended():
                 self._leader_ended, self.link = True, None
                 return [], set()
+            if self._leader_copy is None or now - self._leader_copy[0] >= LEADER_COPY_S:
+                copy = link.node_summary(1)
+                if copy is not None:
+                    self._leader_copy = (now, copy)
             return [], link.wanted_stacks()
         except storelink.StoreError as exc:
             self._store_down(exc)
@@ -349,6 +367,8 @@ class Watchdog:
         now = time.time()
         summary = self.node.summary()
         others, wanted = self._exchange(summary)
+        if self.lost_leader is not None:
+            others = others + [self.lost_leader]
         snap = merge([summary] + others, now)
         if self.leader:
             wanted = suspects(snap, now)

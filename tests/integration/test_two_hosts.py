@@ -133,3 +133,35 @@ def test_a_healthy_two_host_job_says_nothing(two_hosts, tmp_path):
     text = "".join(o + e for o, e in outs.values())
     assert text.count("DONE") == 4
     assert [l for l in text.splitlines() if "colltrace" in l.lower() or "broken pipe" in l.lower()] == []
+
+
+def test_when_the_leaders_host_dies_another_host_reports(two_hosts, tmp_path):
+    """Host a (the leader, and the job's store) vanishes while host b's ranks wait in a barrier
+    for it: host b's job ends within seconds and its watchdog names what vanished, once."""
+    dirs = {h: str(tmp_path / h) for h in "ab"}
+    env = {"SLOW_S": "600", "COLLTRACE_ON_HANG": "abort", "COLLTRACE_STALL_S": "300"}
+    procs = {h: _torchrun(two_hosts, h, i, dirs[h], "slow_ok", env) for i, h in enumerate("ab")}
+    deadline = time.time() + 90
+    while time.time() < deadline and not os.path.exists(os.path.join(dirs["b"], "snapshot.json")):
+        time.sleep(0.2)
+    time.sleep(4)   # host b's watchdog has met the leader and copied its summary
+    for pid in subprocess.run(["ip", "netns", "pids", two_hosts["a"][0]], capture_output=True, text=True,
+                              timeout=20).stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except OSError:
+            pass
+    killed = time.time()
+    try:
+        out, err = procs["b"].communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        procs["b"].kill()
+        out, err = procs["b"].communicate()
+        raise AssertionError(f"host b's job still running 60 s after host a died:\n{err[-3000:]}")
+    ended = time.time() - killed
+    # gloo tells b's ranks at once here (their sockets to a are closed); colltrace on b names
+    # what vanished, in one line, instead of waiting for a leader that is gone.
+    assert procs["b"].returncode != 0 and ended < 30, ended
+    lines = [l for l in err.splitlines() if l.startswith("colltrace:")]
+    assert lines == ["colltrace: warning: the leader's host (a, ranks 0-1) stopped answering; "
+                     "this host's ranks are still watched from their files"], err[-3000:]
