@@ -16,6 +16,9 @@ Keys (all under PREFIX):
   findings         zlib(JSON list of findings so far)
   hang             set by the leader when it finds a hang: every node then acts on
                    COLLTRACE_ON_HANG (dump its ranks' stacks; abort: end them too)
+  ended            set by the leader just before its server goes away with the job
+These live in the leader's own store (colltrace/meeting.py); the job's store holds only
+PREFIX + "leader", its address. A reader given the job's store follows that key.
 """
 from __future__ import annotations
 
@@ -88,7 +91,7 @@ def node_payload(summary: dict) -> tuple[bytes, bytes, int, bytes]:
 
 
 class StoreLink:
-    def __init__(self, host: str, port: int, timeout_s: float = 5.0):
+    def __init__(self, host: str, port: int, timeout_s: float = 5.0, follow_leader: bool = False):
         self.address = f"{host}:{port}"
         # c10d logs each failed connect attempt in C++; our one-line error says it once. Only
         # effective before torch is imported, which holds in the watchdog and the CLI.
@@ -100,6 +103,12 @@ class StoreLink:
                                    wait_for_workers=False)
         except Exception as exc:  # RuntimeError/DistStoreError from c10d, OSError
             raise StoreError(f"cannot reach the job's store at {self.address}: {_one_line(exc)}") from None
+        if follow_leader:   # given the job's store: the state is on the leader's own server
+            raw = self._get(PREFIX + "leader")
+            if raw is not None:
+                del self._store
+                self.__init__(*parse_address(raw.decode(errors="replace")), timeout_s=timeout_s)
+                return
         self.node_index: int | None = None
         self._present: set[str] = set()   # node keys known to exist (they are never deleted)
         self._groups: dict[str, tuple] = {}  # node key -> (crc, group table), read side
@@ -137,6 +146,24 @@ class StoreLink:
     def hang_reported(self) -> str | None:
         raw = self._get(PREFIX + "hang")
         return raw.decode(errors="replace") if raw is not None else None
+
+    def node_summary(self, index: int) -> dict | None:
+        """One node's summary (another host keeps the leader's, to speak for its ranks if it dies)."""
+        key = f"{PREFIX}node/{index}"
+        raw = self._get(key)
+        if raw is None:
+            return None
+        have = self._decoded.get(key)
+        if have is None or have[0] != raw:
+            s = decode(raw)
+            if not (isinstance(s, dict) and isinstance(s.get("ranks"), dict)):
+                return None
+            s["groups"] = self._groups_of(key, s.get("groups_crc"), s.get("groups"))
+            have = self._decoded[key] = (raw, s)
+        return _with_beat(have[1], None)
+
+    def leader_ended(self) -> bool:
+        return self._get(PREFIX + "ended") is not None
 
     # -- leader side ----------------------------------------------------------------------
     def node_summaries(self, skip: int | None = None) -> list[dict]:
@@ -202,6 +229,9 @@ class StoreLink:
     def report_hang(self, why: str) -> None:
         self._set(PREFIX + "hang", why.encode())
 
+    def report_end(self) -> None:
+        self._set(PREFIX + "ended", b"1")
+
     # -- plumbing ---------------------------------------------------------------------------
     def _get(self, key: str) -> bytes | None:
         try:
@@ -243,7 +273,7 @@ def snapshot_to_folder(address: str, directory: str) -> str:
     import time
 
     host, port = parse_address(address)
-    link = StoreLink(host, port)
+    link = StoreLink(host, port, follow_leader=True)
     summaries = link.node_summaries()
     if not summaries:
         raise StoreError(f"the store at {address} holds no colltrace state (is the job running with COLLTRACE=1?)")

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-from colltrace import config, flightrecorder, probes, samekind, storage, storelink, trace
+from colltrace import config, flightrecorder, meeting, probes, samekind, storage, storelink, trace
 from colltrace.analysis import HANG_KINDS, analyze, render_report
 from colltrace.analysis import report as report_mod
 from colltrace.snapshot import compact_entry, merge, suspects
@@ -26,6 +26,10 @@ SUMMARY_RECORDS = 64          # recent records per rank sent to the analysis (op
 STACK_REFRESH_S = 1.0       # a suspect's stack is sampled this often: progress over time
 FR_WAIT_S = 0.5               # how long a round waits for the Flight Recorder answers it asked for
 STORE_RETRY_S = 5.0
+LEADER_POLL_S = 0.5          # how often another host looks for the leader's announced address
+LEADER_WAIT_S = 60.0         # then it says so once and judges its own ranks alone
+LEADER_COPY_S = 1.0          # how often another host copies the leader's summary (its ranks, if its host dies)
+LEADER_LINGER_S = 1.0        # the leader's server outlives its "ended" by this: the others read it first
 WATCHDOG_NICE = 10            # scheduling priority of the watchdog's threads (0 = the ranks')
 
 
@@ -236,6 +240,11 @@ class Watchdog:
         self._published_at = 0.0
         self._wanted: set[int] = set()
         self._connecting: threading.Thread | None = None
+        self.meeting: meeting.MeetingPoint | None = None   # the leader's own server (colltrace/meeting.py)
+        self._leader_ended = False         # the leader said the job is over: its server goes away quietly
+        self._leader_wait_since: float | None = None
+        self._leader_copy: tuple[float, dict] | None = None   # (when, the leader's node summary)
+        self.lost_leader: dict | None = None   # the leader's ranks, marked dead, once its host stopped answering
         self.latest: tuple | None = None   # (snapshot, findings, time) of the leader's last round: the dashboard's feed
         self.dashboard = None              # COLLTRACE_DASHBOARD: its server once started (False: failed)
 
@@ -252,12 +261,12 @@ class Watchdog:
     def _link(self) -> storelink.StoreLink | None:
         """The store link, connected in the background: connecting imports torch (seconds),
         and this host's ranks are watched from their files meanwhile."""
-        if self.store_address is None or self.link is not None:
+        if self.store_address is None or self.link is not None or self._leader_ended:
             return self.link
         if self._connecting is None and time.time() >= self._store_next_try:
             def connect():
                 try:
-                    self.link = storelink.StoreLink(*self.store_address)
+                    self._meet()
                 except storelink.StoreError as exc:
                     self._store_down(exc)
                 finally:
@@ -267,8 +276,54 @@ class Watchdog:
             self._connecting.start()
         return None
 
+    def _meet(self) -> None:
+        """The host of rank 0 serves the meeting point and announces it in the job's store; the
+        others look for that announcement (asking again until it is there, or rank 0 shows up
+        here) and then talk only to the leader's server."""
+        if 0 in self.node.traces:
+            if self.meeting is None:
+                self.meeting = meeting.MeetingPoint(*self.store_address)
+            link = storelink.StoreLink(*self.meeting.address)
+            link.node_index = int(link._store.add(storelink.PREFIX + "nodes", 1))   # 1: the others know it
+            self.meeting.announce()
+            self.link = link
+            return
+        found = meeting.find_leader(*self.store_address)
+        if found is not None:
+            self.link = storelink.StoreLink(*found)
+            return
+        now = time.time()
+        self._leader_wait_since = self._leader_wait_since or now
+        if now - self._leader_wait_since > LEADER_WAIT_S:
+            raise storelink.StoreError(f"no leader announced in the job's store at "
+                                       f"{self.store_address[0]}:{self.store_address[1]} after {LEADER_WAIT_S:.0f} s")
+        self._store_next_try = now + LEADER_POLL_S   # not announced yet: ask again, quietly
+
+    def close(self) -> None:
+        """The job is over: tell the other hosts, then take the one key out of the job's store."""
+        mp, self.meeting = self.meeting, None
+        if mp is None:
+            return
+        if self.link is not None:
+            try:
+                self.link.report_end()
+                time.sleep(LEADER_LINGER_S)
+            except storelink.StoreError:
+                pass
+        mp.withdraw()
+
     def _store_down(self, exc: Exception) -> None:
         # The ranks never touch the store: losing it costs only the cross-host view. Say so once.
+        if self.link is not None and self._leader_copy and self.lost_leader is None and not self.node.all_gone():
+            # The leader's server went away without saying the job ended: its host died. Its
+            # ranks, as last seen, are dead; this host judges what it can see from now on.
+            seen = self._leader_copy[1]
+            note = f"its host ({seen.get('host')}) stopped answering: the leader's meeting point at {self.link.address} is gone"
+            self.lost_leader = dict(seen, ranks={r: dict(e, status="dead", died_at=time.time(),
+                                                         exit={"signal": None, "note": note})
+                                                 for r, e in seen["ranks"].items()})
+            exc = storelink.StoreError(f"the leader's host ({seen.get('host')}, ranks "
+                                       f"{report_mod.format_ranks(sorted(int(r) for r in seen['ranks']))}) stopped answering")
         self.link = None
         self._store_next_try = time.time() + STORE_RETRY_S
         if not self._store_warned:
@@ -292,6 +347,13 @@ class Watchdog:
             why = link.hang_reported()
             if why:
                 self._on_hang(why)
+            if link.leader_ended():
+                self._leader_ended, self.link = True, None
+                return [], set()
+            if self._leader_copy is None or now - self._leader_copy[0] >= LEADER_COPY_S:
+                copy = link.node_summary(1)
+                if copy is not None:
+                    self._leader_copy = (now, copy)
             return [], link.wanted_stacks()
         except storelink.StoreError as exc:
             self._store_down(exc)
@@ -384,6 +446,8 @@ class Watchdog:
         now = time.time()
         summary = self.node.summary()
         others, wanted = self._exchange(summary)
+        if self.lost_leader is not None:
+            others = others + [self.lost_leader]
         snap = merge([summary] + others, now)
         if self.leader:
             wanted = suspects(snap, now)
@@ -481,6 +545,7 @@ class Watchdog:
         if self.node.traces:
             # without findings, a snapshot the folder cannot hold is no loss worth a line
             self._write_json("snapshot.json", merge([self.node.summary()], time.time()), warn=bool(self.findings))
+        self.close()
 
     def run(self, idle_exit_s: float = 600.0, stop=None, spawner: int | None = None) -> int:
         """stop: a threading.Event set by an embedding launcher (`colltrace run`) once its job ended.
@@ -527,8 +592,11 @@ def main(argv=None) -> int:
     except storelink.StoreError as exc:
         sys.stderr.write(f"colltrace: warning: COLLTRACE_STORE: {exc}; watching without the store\n")
         address = None
-    return Watchdog(args.dir, args.job, args.host, settings, once=args.once, store_address=address).run(
-        spawner=args.spawned_by)
+    wd = Watchdog(args.dir, args.job, args.host, settings, once=args.once, store_address=address)
+    try:
+        return wd.run(spawner=args.spawned_by)
+    finally:   # SIGTERM too: never leave our key in the job's store
+        wd.close()
 
 
 if __name__ == "__main__":

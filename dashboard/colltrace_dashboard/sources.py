@@ -179,7 +179,7 @@ class StoreSource:
     def read(self) -> Reading:
         try:
             if self._link is None:
-                self._link = storelink.StoreLink(self.host, self.port, timeout_s=self.timeout_s)
+                self._link = storelink.StoreLink(self.host, self.port, timeout_s=self.timeout_s, follow_leader=True)
             summaries = self._link.node_summaries()
             reported = self._link.findings()
         except storelink.StoreError as exc:

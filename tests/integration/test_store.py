@@ -97,3 +97,30 @@ def test_the_store_dying_mid_run_changes_nothing_for_the_job(gloo_job):
     err = job.stderr(0) + job.stderr(1)
     assert err.count("colltrace: warning:") <= 1 and "Traceback" not in err, err
     assert read_findings(job.dir) == []
+
+
+def test_the_jobs_store_is_left_as_untraced_and_nothing_is_said(gloo_job, tmp_path):
+    """A healthy two-host job: colltrace's one key in the job's store (the leader's address) is
+    gone when the job ends, so the user's own client sees the keys an untraced run leaves; and
+    nothing of colltrace's appears in the ranks' output (no "Broken pipe" at exit)."""
+    import psutil
+
+    def run(traced):
+        dirs = {h: str(tmp_path / f"{traced}-{h}") for h in "ab"}
+        job = gloo_job("scenarios.py", 4, args=["slow_ok"], traced=traced, env={"SLOW_S": "5"},
+                       rank_env=lambda r: {"COLLTRACE_HOST": "ab"[r // 2], "COLLTRACE_DIR": dirs["ab"[r // 2]],
+                                           "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": str(r % 2)})
+        assert job.wait(120) == [0, 0, 0, 0]
+        deadline = time.time() + 30   # the watchdogs end after their ranks: wait for them
+        while time.time() < deadline and any("colltrace.watchdog" in (p.info["cmdline"] or [])
+                                             and any(d in (p.info["cmdline"] or []) for d in dirs.values())
+                                             for p in psutil.process_iter(["cmdline"])):
+            time.sleep(0.2)
+        out = [job.stdout(r) + job.stderr(r) for r in range(4)]
+        return job.store.num_keys(), sorted(job.store.list_keys()), out
+
+    untraced, traced = run(False), run(True)
+    assert traced[:2] == untraced[:2]
+    lines = [l for text in traced[2] for l in text.splitlines() if "colltrace" in l.lower() or "pipe" in l.lower()]
+    assert lines == []
+    assert all(text.count("DONE") == 1 for text in traced[2])

@@ -107,3 +107,25 @@ def test_a_hung_nodes_summary_is_written_and_decoded_once_its_heartbeats_stay_fr
     node.publish_node(s)
     (got,) = leader.node_summaries()
     assert got["ranks"]["1"]["status"] == "dead" and leader._decoded[f"{storelink.PREFIX}node/1"][1] is not first
+
+
+def test_the_leader_meets_on_its_own_server_and_takes_its_one_key_back(store, tmp_path):
+    """The job's store gets one key (the leader's address) and loses it at the end; the state
+    lives on the leader's server, where `dump --from-store JOB_STORE` and the dashboard find it."""
+    from colltrace import meeting
+
+    before = sorted(store.list_keys())
+    mp = meeting.MeetingPoint("127.0.0.1", store.port)
+    mp.announce()
+    assert sorted(store.list_keys()) == sorted(before + [meeting.LEADER_KEY])
+    assert meeting.find_leader("127.0.0.1", store.port) == mp.address
+    storelink.StoreLink(*meeting.find_leader("127.0.0.1", store.port)).publish_node(summary("b", [2, 3]))
+    storelink.StoreLink(*mp.address).publish_node(summary("a", [0, 1]))
+    assert sorted(store.list_keys()) == sorted(before + [meeting.LEADER_KEY])
+    out = subprocess.run([sys.executable, "-m", "colltrace.cli", "dump", str(tmp_path / "snap"), "--from-store",
+                          f"127.0.0.1:{store.port}"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    snap = json.loads((tmp_path / "snap" / "snapshot.json").read_text())
+    assert sorted(snap["ranks"]) == ["0", "1", "2", "3"]
+    mp.withdraw()
+    assert sorted(store.list_keys()) == before and store.num_keys() == len(before)

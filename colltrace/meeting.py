@@ -1,0 +1,100 @@
+"""The leader watchdog's own meeting point, announced by one key in the job's store.
+
+The job's TCPStore belongs to the program: colltrace writes exactly one key there,
+LEADER_KEY = "HOST:PORT" of a small c10d TCPStore server that the leader watchdog (the host
+of rank 0) serves itself, and deletes it when the job ends. Every other host's watchdog reads
+that key once, lets go of the job's store, and talks only to the leader's server. The address
+is this host's end of a route to the job's store (MASTER_ADDR), so it is one the other hosts
+can reach; COLLTRACE_LEADER_PORT fixes the port (default: any free one).
+"""
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+from colltrace.storelink import PREFIX, StoreError, _one_line, parse_address
+
+LEADER_KEY = PREFIX + "leader"
+
+
+def _client(host: str, port: int, timeout_s: float):
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    from torch.distributed import TCPStore
+
+    try:
+        return TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+    except Exception as exc:  # RuntimeError/DistStoreError from c10d, OSError
+        raise StoreError(f"cannot reach the job's store at {host}:{port}: {_one_line(exc)}") from None
+
+
+def local_address_towards(host: str, port: int) -> str:
+    """This host's address on the route to HOST (no packet is sent: a UDP connect only routes)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, port))
+            return s.getsockname()[0]
+    except OSError:
+        return socket.gethostname()
+
+
+def leader_address(job_store) -> str | None:
+    """The leader's "HOST:PORT" as announced in the job's store (a client), or None."""
+    try:
+        if not job_store.check([LEADER_KEY]):
+            return None
+        return bytes(job_store.get(LEADER_KEY)).decode()
+    except Exception as exc:
+        raise StoreError(f"store: {_one_line(exc)}") from None
+
+
+def find_leader(host: str, port: int, timeout_s: float = 5.0) -> tuple[str, int] | None:
+    """Read the announcement once and let go of the job's store."""
+    store = _client(host, port, timeout_s)
+    try:
+        text = leader_address(store)
+    finally:
+        del store
+    return parse_address(text) if text else None
+
+
+class MeetingPoint:
+    """The leader's TCPStore server, and its one key in the job's store."""
+
+    def __init__(self, job_host: str, job_port: int, timeout_s: float = 5.0):
+        from torch.distributed import TCPStore
+
+        self.job = (job_host, job_port)
+        self.timeout_s = timeout_s
+        want = os.environ.get("COLLTRACE_LEADER_PORT", "").strip()
+        me = local_address_towards(job_host, job_port)
+        try:
+            self.server = TCPStore(me, int(want) if want.isdigit() else 0, is_master=True,
+                                   timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+        except Exception as exc:
+            raise StoreError(f"cannot serve the watchdogs' meeting point on {me}: {_one_line(exc)}") from None
+        self.address = (me, self.server.port)
+        self.announced = False
+
+    def announce(self) -> None:
+        store = _client(*self.job, self.timeout_s)
+        try:
+            store.set(LEADER_KEY, f"{self.address[0]}:{self.address[1]}".encode())
+            store.check([LEADER_KEY])   # answered: the set is applied before we let go
+            self.announced = True
+        except Exception as exc:
+            raise StoreError(f"store at {self.job[0]}:{self.job[1]}: {_one_line(exc)}") from None
+        finally:
+            del store
+
+    def withdraw(self) -> None:
+        """Delete the one key (the job's store may be gone already: then there is nothing to do)."""
+        if not self.announced:
+            return
+        self.announced = False
+        try:
+            store = _client(*self.job, min(self.timeout_s, 2.0))
+            store.delete_key(LEADER_KEY)
+            del store
+        except Exception:
+            pass

@@ -1,0 +1,167 @@
+"""Two real hosts: two network namespaces joined by a veth pair, torchrun on each, each host
+with its own trace folder (its own disk). The ranks meet over the veth only; so do the
+watchdogs (the leader's meeting point, announced in the job's store)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from test_detection import frames_line, loc
+
+pytestmark = pytest.mark.slow
+
+JOBS = os.path.join(os.path.dirname(__file__), "jobs")
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=20)
+
+
+def _can_make_namespaces() -> str | None:
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if shutil.which("ip") is None:
+        return "no `ip` command (iproute2) to make network namespaces"
+    return None
+
+
+@pytest.fixture
+def two_hosts():
+    """{"a": (namespace, interface, address), "b": ...}; everything removed afterwards, the
+    namespaces' processes first."""
+    why = _can_make_namespaces()
+    if why:
+        pytest.skip(why)
+    tag = uuid.uuid4().hex[:6]
+    hosts = {h: (f"ct{h}-{tag}", f"ct{h}{tag}", f"10.77.0.{i + 1}") for i, h in enumerate("ab")}
+    try:
+        for ns, _, _ in hosts.values():
+            _ip("netns", "add", ns)
+        _ip("link", "add", hosts["a"][1], "type", "veth", "peer", "name", hosts["b"][1])
+        for ns, dev, addr in hosts.values():
+            _ip("link", "set", dev, "netns", ns)
+            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+            _ip("-n", ns, "link", "set", dev, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+    except subprocess.CalledProcessError as exc:
+        _remove(hosts)
+        pytest.skip(f"cannot make network namespaces: {exc.stderr.decode(errors='replace').strip()}")
+    try:
+        yield hosts
+    finally:
+        _remove(hosts)
+
+
+def _remove(hosts) -> None:
+    for ns, _, _ in hosts.values():
+        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=20).stdout.split()
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)   # takes the veth with it
+
+
+def _torchrun(hosts, host: str, node_rank: int, directory: str, scenario: str, env: dict):
+    ns, dev, _ = hosts[host]
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("COLLTRACE", "TORCH_DISTRIBUTED_DEBUG"))}
+    e.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", COLLTRACE="1", COLLTRACE_DIR=directory,
+             COLLTRACE_HOST=host, GLOO_SOCKET_IFNAME=dev, **env)
+    cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+           "--node-rank", str(node_rank), "--nproc-per-node", "2", "--master-addr", hosts["a"][2],
+           "--master-port", "29517", os.path.join(JOBS, "scenarios.py"), scenario]
+    return subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _findings(directory) -> list[dict]:
+    path = os.path.join(directory, "findings.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def test_a_hang_across_two_hosts_is_named_by_the_leader_and_abort_ends_both(two_hosts, tmp_path):
+    """The cross-group deadlock with ranks 2-3 on host b, default (long) timeouts: the leader
+    (host a) names host b's ranks where they wait, and abort ends the ranks of both hosts."""
+    dirs = {h: str(tmp_path / h) for h in "ab"}
+    env = {"COLLTRACE_ON_HANG": "abort", "COLLTRACE_STALL_S": "60"}
+    procs = {h: _torchrun(two_hosts, h, i, dirs[h], "deadlock", env) for i, h in enumerate("ab")}
+    start = time.time()
+    outs = {}
+    for h, p in procs.items():
+        try:
+            outs[h] = p.communicate(timeout=max(1, 150 - (time.time() - start)))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            outs[h] = p.communicate()
+            raise AssertionError(f"host {h}'s torchrun still running after 150 s:\n{outs[h][1][-3000:]}")
+    assert procs["a"].returncode != 0 and procs["b"].returncode != 0, outs
+    (f,) = _findings(dirs["a"])
+    assert f["kind"] == "deadlock" and _findings(dirs["b"]) == []
+    r = f["ranks"]
+    assert r["0"]["host"] == "a" and r["2"]["host"] == "b" and r["3"]["host"] == "b"
+    assert r["2"]["op"] == "barrier" and r["3"]["op"] == "gather"
+    assert loc("ckpt_barrier") in frames_line(r["2"]) and loc("teacher_gather") in frames_line(r["3"])
+    assert "ending ranks 2" in outs["b"][1] or "ending ranks 2-3" in outs["b"][1] or "ending ranks 2, 3" in outs["b"][1], outs["b"][1][-3000:]
+
+
+def test_a_healthy_two_host_job_says_nothing(two_hosts, tmp_path):
+    """Traced, a healthy job on two hosts ends as untraced: exit 0, no colltrace line and no
+    "Broken pipe" in either host's output."""
+    dirs = {h: str(tmp_path / h) for h in "ab"}
+    procs = {h: _torchrun(two_hosts, h, i, dirs[h], "slow_ok", {"SLOW_S": "6"}) for i, h in enumerate("ab")}
+    start, outs = time.time(), {}
+    for h, p in procs.items():
+        try:
+            outs[h] = p.communicate(timeout=max(1, 120 - (time.time() - start)))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            outs[h] = p.communicate()
+            raise AssertionError(f"host {h}'s torchrun still running after 120 s:\n{outs[h][1][-3000:]}")
+    assert procs["a"].returncode == 0 and procs["b"].returncode == 0, outs
+    text = "".join(o + e for o, e in outs.values())
+    assert text.count("DONE") == 4
+    assert [l for l in text.splitlines() if "colltrace" in l.lower() or "broken pipe" in l.lower()] == []
+
+
+def test_when_the_leaders_host_dies_another_host_reports(two_hosts, tmp_path):
+    """Host a (the leader, and the job's store) vanishes while host b's ranks wait in a barrier
+    for it: host b's job ends within seconds and its watchdog names what vanished, once."""
+    dirs = {h: str(tmp_path / h) for h in "ab"}
+    env = {"SLOW_S": "600", "COLLTRACE_ON_HANG": "abort", "COLLTRACE_STALL_S": "300"}
+    procs = {h: _torchrun(two_hosts, h, i, dirs[h], "slow_ok", env) for i, h in enumerate("ab")}
+    deadline = time.time() + 90
+    while time.time() < deadline and not os.path.exists(os.path.join(dirs["b"], "snapshot.json")):
+        time.sleep(0.2)
+    time.sleep(4)   # host b's watchdog has met the leader and copied its summary
+    for pid in subprocess.run(["ip", "netns", "pids", two_hosts["a"][0]], capture_output=True, text=True,
+                              timeout=20).stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except OSError:
+            pass
+    killed = time.time()
+    try:
+        out, err = procs["b"].communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        procs["b"].kill()
+        out, err = procs["b"].communicate()
+        raise AssertionError(f"host b's job still running 60 s after host a died:\n{err[-3000:]}")
+    ended = time.time() - killed
+    # gloo tells b's ranks at once here (their sockets to a are closed); colltrace on b names
+    # what vanished, in one line, instead of waiting for a leader that is gone.
+    assert procs["b"].returncode != 0 and ended < 30, ended
+    lines = [l for l in err.splitlines() if l.startswith("colltrace:")]
+    assert lines == ["colltrace: warning: the leader's host (a, ranks 0-1) stopped answering; "
+                     "this host's ranks are still watched from their files"], err[-3000:]
