@@ -81,6 +81,8 @@ def attach(pg, shim) -> bool:
         with _lock:
             if pg in _attached:
                 return True
+            if not _attached and not _exit_registered:
+                _register_exit()
             _attached.add(pg)
         ref = weakref.ref(pg)
         pg.register_pre_hook(HOOK_ID, _make_pre(ref, shim))
@@ -89,6 +91,21 @@ def attach(pg, shim) -> bool:
     except Exception as exc:   # an odd group: the wrappers still trace it
         _report(shim, exc)
         return False
+
+
+_exit_registered = False
+
+
+def _register_exit() -> None:
+    """Take the hooks off every group before the interpreter shuts down: a group that outlives
+    Python's finalization (one never destroyed, as Lightning and accelerate leave them) would
+    otherwise call or free Python hook objects from C++ after the interpreter is gone (SIGSEGV at
+    exit, seen with torch 2.14.1)."""
+    global _exit_registered
+    import atexit
+
+    _exit_registered = True
+    atexit.register(detach_all)
 
 
 def detach_all() -> None:
