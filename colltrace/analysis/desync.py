@@ -71,15 +71,3 @@ def find(snap: Snapshot) -> list[dict]:
             }
         w["seqs"].append(seq)
     return list(out.values())
-
-
-def render(warnings: list[dict]) -> str:
-    """The warnings as text, or ""."""
-    if not warnings:
-        return ""
-    n = len(warnings)
-    lines = [f"colltrace: {n} warning{'s' if n != 1 else ''} (no hang this time)"]
-    for i, w in enumerate(warnings, 1):
-        extra = f" (and {len(w['seqs']) - 1} more collectives the same way)" if len(w.get("seqs", ())) > 1 else ""
-        lines.append(f"[w{i}] {w['message']}{extra}")
-    return "\n\n".join(lines)

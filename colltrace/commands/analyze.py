@@ -40,8 +40,8 @@ class AnalyzeCommand:
             text = self._text(findings, verdict, render_report)
             sys.stdout.write(text + "\n")
             if warnings:
-                from colltrace.analysis import desync
-                sys.stdout.write("\n" + desync.render(warnings) + "\n")
+                from colltrace.reporters.text import render_warnings
+                sys.stdout.write("\n" + render_warnings(warnings) + "\n")
         return 1 if findings else 0   # warnings alone: the run is not wrong (yet)
 
     @staticmethod

@@ -948,3 +948,16 @@ def _activity(finding: dict, ranks) -> str:
         text += (f". {_cap(rank_word(ranks))} {_verb(ranks, 'is', 'are')} still working: slow, not hung "
                  f"(COLLTRACE_ON_HANG=abort leaves {'it' if len(ranks) == 1 else 'them'} running)")
     return f"{deaths} Progress: {text}."
+
+
+def render_warnings(warnings: list[dict]) -> str:
+    """analysis.desync's warnings (a healthy run's silent desyncs) as text, or ""."""
+    if not warnings:
+        return ""
+    n = len(warnings)
+    lines = [f"colltrace: {n} warning{'s' if n != 1 else ''} (no hang this time)"]
+    for i, w in enumerate(warnings, 1):
+        extra = f" (and {len(w['seqs']) - 1} more collectives the same way)" if len(w.get("seqs", ())) > 1 else ""
+        lines.append(f"[w{i}] {w['message']}{extra}")
+    return "\n\n".join(lines)
+
