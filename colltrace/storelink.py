@@ -103,11 +103,13 @@ class StoreLink:
                                    wait_for_workers=False)
         except Exception as exc:  # RuntimeError/DistStoreError from c10d, OSError
             raise StoreError(f"cannot reach the job's store at {self.address}: {_one_line(exc)}") from None
+        self.followed = False   # True: this link talks to the leader's server it found announced
         if follow_leader:   # given the job's store: the state is on the leader's own server
             raw = self._get(PREFIX + "leader")
             if raw is not None:
                 del self._store
                 self.__init__(*parse_address(raw.decode(errors="replace")), timeout_s=timeout_s)
+                self.followed = True
                 return
         self.node_index: int | None = None
         self._present: set[str] = set()   # node keys known to exist (they are never deleted)

@@ -190,6 +190,8 @@ class StoreSource:
             when = time.strftime("%H:%M:%S", time.localtime(self._last.now))
             return replace(self._last, note=f"{exc}; showing the state last read at {when}")
         if not summaries:
+            if not self._link.followed:
+                self._link = None   # the leader may not have announced itself yet: look again next round
             raise SourceError(f"the store at {self.host}:{self.port} holds no colltrace state yet "
                               "(is the job running with COLLTRACE=1?)")
         now = time.time()
