@@ -18,13 +18,8 @@ NVRX_CASES = ["gpu_error_1st", "gpu_error_2nd", "lock_gil_1st", "lock_gil_2nd"]
 
 
 def nvrx_dir() -> Path:
-    # shared/ lies beside the checkout (CI: beside the clone; a worktree: one level further up)
-    for base in (ROOT.parent, ROOT.parent.parent):
-        d = base / "shared" / "data" / "flight-recorder-dumps" / "nvrx-16rank"
-        if d.is_dir():
-            return d
-    pytest.fail("shared/data/flight-recorder-dumps/nvrx-16rank not found beside the checkout")
-
+    """NVIDIA's dumps, shipped with the tests (tests/fixtures/nvrx-16rank/README.md says whence)."""
+    return ROOT / "tests" / "fixtures" / "nvrx-16rank"
 
 def cli(*args, timeout=120):
     return subprocess.run([sys.executable, "-m", "colltrace.cli", *map(str, args)], capture_output=True, text=True,
