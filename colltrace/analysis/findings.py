@@ -93,6 +93,12 @@ class Verdicts:
             if view.alone and rank not in dead:
                 dead.add(rank)  # crashed or killed alone: worth a finding before anyone waits for it
         dead.update(self._raised_first(dead))
+        if any(self.snap.ranks[r].fatal for r in dead):
+            # A rank that died of a signal is the first cause: a peer's exception at the same time
+            # ("Connection closed by peer" from DDP's untraced all-reduce) is its consequence, even
+            # when that exception is read before the crash is seen.
+            dead = {r for r in dead if not (self.snap.ranks[r].status == "exited"
+                                            and (self.snap.ranks[r].exit or {}).get("exception"))}
         for rank in sorted(dead):
             made.append(self._dead(rank))
         for comp in deadlocks:

@@ -393,6 +393,19 @@ def test_rank_that_exited_while_others_wait_for_it():
     assert f["rank"] == 1 and "ValueError: bad batch" in f["summary"] and "rank 0" in f["summary"]
 
 
+def test_a_peers_exception_beside_a_segfault_is_its_consequence():
+    """Rank 1 segfaults; rank 0's collective with it then fails ("Connection closed by peer", in
+    DDP's untraced all-reduce: no failed record) and rank 0 exits with that exception. The
+    teacher, rank 2, waits for both. One finding: the segfault, not the exception."""
+    job = Job(3)
+    job.history("0", 3)
+    job.op(2, "0", 4, "gather", "waiting", at="teacher.py:9", t=T)
+    job.set(1, status="dead", exit={"signal": "SIGSEGV", "code": -11}, died_at=T + 0.2)
+    job.set(0, status="exited", exit={"code": 1, "exception": "RuntimeError: Connection closed by peer"})
+    f = only(analyze(job.snap(), STALL, T + 1), "dead_rank")
+    assert f["rank"] == 1 and "SIGSEGV" in f["summary"]
+
+
 def test_rank_killed_alone_while_the_job_lives_is_a_dead_rank_at_once():
     """Rank 1 was SIGKILLed inside a barrier rank 0 never joins: one finding, its death."""
     job = Job(2)
