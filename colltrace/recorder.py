@@ -290,6 +290,8 @@ class Recorder:
         key = id(pg)
         gs = self.groups.get(key)
         if gs is None:
+            if pg in self._untraced_groups:
+                return None   # already found undescribable at a call: not described again on every call
             try:
                 name, desc, ranks, backend, get_seq = describe(pg)
                 if not name:
