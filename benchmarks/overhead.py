@@ -43,7 +43,7 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 native = False
 if mode == "ab":   # torch >= 2.14: orig() goes through c10d's hooks, colltrace's native route
-    from colltrace import hooks, shim
+    from colltrace.rank import hooks, shim
     native = hooks.supported(dist.group.WORLD)
 
 def route(name):   # untraced: our hooks off; traced (the wrapper) and hook (the native route): on
@@ -131,7 +131,7 @@ def _stop_watchdogs(directory: str) -> None:
     import psutil
 
     for p in psutil.process_iter(["cmdline"]):
-        if "colltrace.watchdog" in (p.info.get("cmdline") or []) and directory in p.info["cmdline"]:
+        if "colltrace.host.watchdog" in (p.info.get("cmdline") or []) and directory in p.info["cmdline"]:
             try:
                 p.wait(timeout=10)
             except psutil.TimeoutExpired:

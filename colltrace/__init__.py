@@ -12,13 +12,13 @@ __all__ = ["install", "uninstall", "__version__"]
 
 def install() -> bool:
     """Trace this process's torch.distributed collectives. Idempotent; returns True if active."""
-    from colltrace import shim
+    from colltrace.rank import shim
 
     return shim.install()
 
 
 def uninstall() -> None:
     """Restore torch.distributed's original functions and close this rank's trace."""
-    from colltrace import shim
+    from colltrace.rank import shim
 
     shim.uninstall()

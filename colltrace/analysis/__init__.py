@@ -4,25 +4,24 @@ Pure and deterministic: no I/O, no torch, everything sorted. Used live by the wa
 post-mortem by `colltrace analyze`.
 
     findings = analyze(snapshot, stall_s=30.0, now=time.time())
-    print(render_report(findings))
+    print(colltrace.reporters.text.render_report(findings))
 
 Kinds: mismatch, dead_rank, deadlock, stall (stage "arrival", "completion" or, for p2p,
 "unverified"), unmatched_p2p (HANG_KINDS), and duplicate_data (COLLTRACE_DIGEST: ranks that
-should send their own data send identical bytes; not a hang). Modules: snapshot (validated view of the input), matching
-(do the ranks' calls agree), waitgraph (who waits for whom, cycles), findings (the verdicts),
-report (re-exports colltrace.reporters.text, which writes the text).
+should send their own data send identical bytes; not a hang). Modules: view (validated view of the input), origins (where a
+frame's code comes from), matching (do the ranks' calls agree), waitgraph (who waits for whom,
+cycles), findings (the verdicts), culprits (root causes), desync and duplicates (warnings on
+healthy runs). The text of findings is colltrace.reporters.text's job.
 """
 from __future__ import annotations
 
 import gc
 
-from colltrace.analysis import report
 from colltrace.analysis.findings import HANG_KINDS, Verdicts
-from colltrace.analysis.report import paragraph, render_report, render_stack_classes  # noqa: F401
-from colltrace.analysis.snapshot import Snapshot
+from colltrace.analysis.view import Snapshot
 from colltrace.reporters import text
 
-__all__ = ["analyze", "render_report", "paragraph", "render_stack_classes", "report", "HANG_KINDS"]
+__all__ = ["analyze", "HANG_KINDS"]
 
 
 def analyze(snap: dict, stall_s: float, now: float) -> list[dict]:

@@ -9,8 +9,8 @@ both sides of a root / non-root branch call (a gather with and without a list) i
 """
 from __future__ import annotations
 
-from colltrace.analysis.report import frame_text, rank_word
-from colltrace.analysis.snapshot import Snapshot, to_int
+from colltrace.reporters.text import frame_text, rank_word
+from colltrace.analysis.view import Snapshot, to_int
 
 MAX_WARNINGS = 20
 

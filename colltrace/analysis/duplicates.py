@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from colltrace.analysis.snapshot import Snapshot, to_int
+from colltrace.analysis.view import Snapshot, to_int
 
 MIN_CALLS = 3          # identical calls at one place before it is called a pattern
 MIN_SHARE = 0.9        # of the calls seen at that place

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from colltrace.analysis import duplicates
 from colltrace.analysis.matching import Mismatch, check_collective
-from colltrace.analysis.snapshot import PENDING, Rec, RankView, Snapshot, to_int
+from colltrace.analysis.view import PENDING, Rec, RankView, Snapshot, to_int
 from colltrace.analysis.waitgraph import Key, WaitGraph, coll_name
 
 MAX_ALSO_MISSING = 64   # other absent members described in a dead_rank finding (all are listed)

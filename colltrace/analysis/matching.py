@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import operator
 
-from colltrace.analysis.snapshot import MATCHING_OP, UNEVEN_OPS, Rec, Snapshot, is_object_op, to_int
+from colltrace.analysis.view import MATCHING_OP, UNEVEN_OPS, Rec, Snapshot, is_object_op, to_int
 
 FIELDS = ("op", "shapes", "dtypes", "reduce_op", "root")
 

@@ -12,7 +12,7 @@ one problem gives one finding, reported where it starts.
 from __future__ import annotations
 
 from colltrace.analysis.matching import p2p_status
-from colltrace.analysis.snapshot import Rec, Snapshot
+from colltrace.analysis.view import Rec, Snapshot
 
 # A blocking call younger than this does not count as blocked yet: ranks are read a few ms
 # apart, and a root that is about to return (its sends buffered) must not close a cycle.

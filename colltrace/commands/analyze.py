@@ -3,7 +3,8 @@ from __future__ import annotations
 import json
 import sys
 
-from colltrace import postmortem, samekind, trace
+from colltrace.tracefile import postmortem, reader
+from colltrace.callsites import samekind
 
 
 class AnalyzeCommand:
@@ -22,12 +23,13 @@ class AnalyzeCommand:
                             "rank-numbered files share, e.g. nccl_trace_rank_)")
 
     def run(self, args, parser) -> int:
-        from colltrace.analysis import culprits, render_report
+        from colltrace.analysis import culprits
+        from colltrace.reporters.text import render_report
         from colltrace.commands import UsageError
 
         try:
             snap, findings = postmortem.analyzed(args.dir, args.prefix, args.stall_s)
-        except trace.TraceError as exc:
+        except reader.TraceError as exc:
             raise UsageError(str(exc)) from None
         samekind.annotate(findings)   # reads the user's source files: after the (pure) analysis
         verdict = culprits.explain(findings)
@@ -65,7 +67,7 @@ class AnalyzeCommand:
 def _warnings(snap: dict) -> list[dict]:
     """Silent desyncs (colltrace/analysis/desync.py): warnings, never a reason to fail."""
     from colltrace.analysis import desync
-    from colltrace.analysis.snapshot import Snapshot
+    from colltrace.analysis.view import Snapshot
 
     try:
         return desync.find(Snapshot(snap))

@@ -3,11 +3,11 @@ from __future__ import annotations
 import json
 import sys
 
-from colltrace import trace
+from colltrace.tracefile import reader
 
 
 def _where(frames, roots=None) -> str:
-    from colltrace.analysis.report import located
+    from colltrace.reporters.text import located
 
     return located(frames, roots) or ""
 
@@ -51,7 +51,7 @@ class DumpCommand:
         from colltrace.commands import UsageError
 
         if args.from_store:
-            from colltrace import storelink
+            from colltrace.host import storelink
 
             try:
                 path = storelink.snapshot_to_folder(args.from_store, args.dir)
@@ -60,8 +60,8 @@ class DumpCommand:
             sys.stderr.write(f"colltrace: wrote {path}\nnext: colltrace analyze {args.dir}\n")
             return 0
         try:
-            traces = trace.load_traces(args.dir)
-        except trace.TraceError as exc:
+            traces = reader.load_traces(args.dir)
+        except reader.TraceError as exc:
             raise UsageError(str(exc)) from None
         ranks = {str(tr.rank): tr.all_records() for tr in traces if not args.rank or tr.rank in args.rank}
         problems = [f"rank {tr.rank}: {tr.error}" for tr in traces if tr.error]

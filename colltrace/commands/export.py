@@ -4,7 +4,7 @@ import json
 import os
 import sys
 
-from colltrace import postmortem, trace
+from colltrace.tracefile import postmortem, reader
 
 
 class ExportCommand:
@@ -19,13 +19,13 @@ class ExportCommand:
         p.add_argument("--stall-s", type=float, default=None, help="stall threshold for the findings drawn")
 
     def run(self, args, parser) -> int:
-        from colltrace import timeline
+        from colltrace.reporters import timeline
         from colltrace.analysis import culprits
         from colltrace.commands import UsageError
 
         try:
             snap, findings = postmortem.analyzed(args.dir, args.prefix, args.stall_s)
-        except trace.TraceError as exc:
+        except reader.TraceError as exc:
             raise UsageError(str(exc)) from None
         doc = timeline.build(snap, findings, culprits.explain(findings)["culprits"])
         tmp = args.perfetto + ".tmp"

@@ -16,7 +16,7 @@ class LintCommand:
                        help="check only these rules (default: all)")
 
     def run(self, args, parser) -> int:
-        from colltrace import lint
+        from colltrace.callsites import lint
         from colltrace.commands import UsageError
 
         select = set(lint.RULES)

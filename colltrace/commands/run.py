@@ -51,7 +51,7 @@ class RunCommand:
         if args.dashboard is not None:
             env["COLLTRACE_DASHBOARD"] = _dashboard_bind(args.dashboard, env)
         settings = config.load(env)
-        from colltrace.watchdog import Watchdog
+        from colltrace.host.watchdog import Watchdog
 
         # The watchdog runs here, outside the job: a launcher tearing its workers down cannot take it along.
         watchdog = Watchdog(directory, job=None, host=None, settings=settings)

@@ -14,7 +14,7 @@ class WatchCommand:
 
         from colltrace import config
         from colltrace.commands import UsageError
-        from colltrace.watchdog import Watchdog
+        from colltrace.host.watchdog import Watchdog
 
         if not os.path.isdir(args.dir):
             raise UsageError(f"{args.dir}: no such folder")

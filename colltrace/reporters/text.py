@@ -11,7 +11,7 @@ import os
 import re
 from collections import Counter
 
-from colltrace.origins import FRAMEWORK, USER, for_roots, origin_of
+from colltrace.analysis.origins import FRAMEWORK, USER, for_roots, origin_of
 
 PENDING_STATES = ("waiting", "in_flight")
 MAX_CLASSES = 12          # stack classes shown per finding; the rest are counted
@@ -81,7 +81,7 @@ def _verb(ranks, singular: str, plural: str) -> str:
 
 # -- frames and locations -----------------------------------------------------------------
 # Frames carry their origin ("user", "framework" with its "package", "internal"), set by the
-# analyzer from the rank's recorded roots (colltrace.origins); a frame without one is the user's.
+# analyzer from the rank's recorded roots (colltrace.analysis.origins); a frame without one is the user's.
 def _is_user(f) -> bool:
     return type(f) is dict and origin_of(f) == USER
 
@@ -149,7 +149,7 @@ def user_location(frames) -> str | None:
 
 def located(frames, roots) -> str | None:
     """user_location of frames straight from a trace (no origins marked yet), classified
-    against the rank's recorded roots (colltrace.origins)."""
+    against the rank's recorded roots (colltrace.analysis.origins)."""
     if not frames or not isinstance(frames, list) or (type(frames[-1]) is dict and "origin" in frames[-1]):
         return user_location(frames)
     return user_location(for_roots(roots).annotate(frames))
@@ -823,7 +823,7 @@ def render_stack_classes(finding: dict) -> str:
 
 
 def render_same_kind(f: dict) -> str:
-    """The finding's `same_kind` call sites (colltrace/samekind.py) as an indented list, or ""."""
+    """The finding's `same_kind` call sites (colltrace/callsites/samekind.py) as an indented list, or ""."""
     sites = f.get("same_kind")
     if not isinstance(sites, list) or not sites:
         return ""

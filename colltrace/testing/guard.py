@@ -27,7 +27,7 @@ INTERRUPT_SIGNAL = signal.SIGUSR2
 
 # A test may fork its ranks (mp.start_processes(start_method="fork")) while the guard thread is
 # in the middle of an import or holds some other lock: the child would inherit that lock held by
-# a thread it does not have, and hang in its first import (seen: colltrace.recorder's). Forks
+# a thread it does not have, and hang in its first import (seen: colltrace.rank.recorder's). Forks
 # wait for the guard thread to finish its round instead: it holds this lock for each round.
 _round_lock = threading.RLock()
 _fork_hooked = False
@@ -135,7 +135,8 @@ class TestGuard:
 
     # -- this process as a rank ---------------------------------------------------------------
     def _trace_this_process(self) -> None:
-        from colltrace import _boot, shim
+        from colltrace import _boot
+        from colltrace.rank import shim
 
         if shim.is_installed():
             return  # the user traces this process already (COLLTRACE=1 pytest ...): theirs
@@ -147,7 +148,7 @@ class TestGuard:
             sys.meta_path.insert(0, self._finder)
 
     def _untrace_this_process(self) -> None:
-        from colltrace import shim
+        from colltrace.rank import shim
 
         fired = False
         if self._finder is not None:
@@ -198,7 +199,7 @@ class TestGuard:
     def _start_watchdog(self):
         try:
             from colltrace import config
-            from colltrace.watchdog import Watchdog
+            from colltrace.host.watchdog import Watchdog
 
             # The guard ends the ranks itself (never this process): the watchdog only judges.
             env = dict(os.environ, **self.env())
@@ -253,7 +254,7 @@ class TestGuard:
                         pass
             if _kill_tree(p) and rank not in finished:
                 self.ended[rank] = pid
-        from colltrace.analysis.report import format_ranks
+        from colltrace.reporters.text import format_ranks
 
         kind = self.findings[0].get("kind", "hang") if self.findings else "hang"
         self.log.write(f"colltrace: {kind}: ended ranks {format_ranks(self.ended) or '(none left)'}\n")
@@ -314,7 +315,7 @@ class TestGuard:
     # -- what to show ---------------------------------------------------------------------------
     def verdict(self) -> str:
         """Every finding's paragraph and stack classes, what was ended, where the files are."""
-        from colltrace.analysis.report import paragraph, rank_word, render_stack_classes
+        from colltrace.reporters.text import paragraph, rank_word, render_stack_classes
 
         blocks = []
         for f in list(self.findings):

@@ -69,7 +69,7 @@ def _write(spec: dict, rank: int, outcome: dict) -> None:
 
 def _note_exception(exc: BaseException, error: str) -> None:
     """What an uncaught exception would leave in the rank's trace (colltrace's excepthook)."""
-    rec = getattr(sys.modules.get("colltrace.shim"), "recorder", None)
+    rec = getattr(sys.modules.get("colltrace.rank.shim"), "recorder", None)
     if rec is None:
         return
     try:

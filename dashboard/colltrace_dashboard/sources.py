@@ -18,9 +18,11 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 
-from colltrace import config, storelink, trace
+from colltrace import config
+from colltrace.host import storelink
+from colltrace.tracefile import reader
 from colltrace.analysis import analyze
-from colltrace.snapshot import merge
+from colltrace.model.snapshots import merge
 
 LIVE, POST_MORTEM = "live", "post-mortem"
 STALE_PUBLISH_S = 10.0   # store summaries older than this: the job's watchdogs stopped publishing
@@ -64,7 +66,7 @@ class FolderSource:
         self.dir = os.path.abspath(directory)
         self.label = self.dir
         self.stall_s = stall_s
-        self._node = None                  # watchdog.NodeView while the ranks run here
+        self._node = None                  # host.nodeview.NodeView while the ranks run here
         self._post: tuple | None = None    # (folder signature, Reading) post-mortem
         self._saved: tuple | None = None   # (mtime, snapshot.json) for live stacks
 
@@ -75,8 +77,8 @@ class FolderSource:
 
     def read(self) -> Reading:
         try:
-            files = trace.rank_files(self.dir)
-        except trace.TraceError as exc:
+            files = reader.rank_files(self.dir)
+        except reader.TraceError as exc:
             raise SourceError(str(exc)) from None
         has_saved = os.path.exists(os.path.join(self.dir, "snapshot.json"))
         if not files and not has_saved:
@@ -89,7 +91,7 @@ class FolderSource:
         return self._read_post_mortem()
 
     def _read_live(self) -> Reading | None:
-        from colltrace.watchdog import NodeView   # no torch: files and psutil only
+        from colltrace.host.nodeview import NodeView   # no torch: files and psutil only
 
         if self._node is None:
             # Only this host's processes can be watched; ranks elsewhere are read post-mortem.
@@ -147,8 +149,8 @@ class FolderSource:
         if self._post is not None and self._post[0] == sig:
             return self._post[1]
         try:
-            snap = trace.load_snapshot(self.dir)
-        except trace.TraceError as exc:
+            snap = reader.load_snapshot(self.dir)
+        except reader.TraceError as exc:
             raise SourceError(str(exc)) from None
         if not snap["ranks"]:
             raise SourceError(f"{self.dir}: no rank could be read from this folder")
@@ -159,7 +161,7 @@ class FolderSource:
         return reading
 
     def _stall_s(self, snap: dict) -> float:
-        return self.stall_s if self.stall_s is not None else trace.job_stall_s(snap)
+        return self.stall_s if self.stall_s is not None else reader.job_stall_s(snap)
 
 
 class StoreSource:
@@ -196,7 +198,7 @@ class StoreSource:
                               "(is the job running with COLLTRACE=1?)")
         now = time.time()
         snap = merge(summaries, now)
-        stall_s = self.stall_s if self.stall_s is not None else trace.job_stall_s(snap)
+        stall_s = self.stall_s if self.stall_s is not None else reader.job_stall_s(snap)
         note = None
         newest = max(float(s.get("t") or 0) for s in summaries)
         if now - newest > STALE_PUBLISH_S:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import time
 
-from colltrace.analysis import report
-from colltrace.analysis.report import format_ranks, located, short_ranks
+from colltrace.reporters import text as report
+from colltrace.reporters.text import format_ranks, located, short_ranks
 
 MAX_RANK_CLASSES = 40      # rows of the rank view; the rest are counted
 MAX_GROUPS = 24            # groups listed; groups beyond that whose members are in step are counted

@@ -10,7 +10,7 @@ import time
 import httpx
 
 from colltrace import config
-from colltrace.watchdog import Watchdog
+from colltrace.host.watchdog import Watchdog
 
 
 def watchdog(directory, bind) -> tuple[Watchdog, io.StringIO]:

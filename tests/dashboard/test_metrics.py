@@ -7,7 +7,7 @@ from collections import Counter
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from colltrace import trace
+from colltrace.tracefile import reader
 from colltrace_dashboard.app import create_app
 from colltrace_dashboard.feed import Feed
 from colltrace_dashboard.sources import FolderSource, Reading
@@ -31,7 +31,7 @@ def test_metrics_of_a_recorded_deadlock(recorded):
     assert all(name.startswith("colltrace_") for name in m)
     # every record of every rank, by group and op, as `colltrace dump` reads them
     expected = Counter()
-    for tr in trace.load_traces(recorded["deadlock"]):
+    for tr in reader.load_traces(recorded["deadlock"]):
         for rec in tr.all_records():
             expected[(rec["group"], rec["op"])] += rec["count"] if rec["op"] == "untraced" else 1
     got = {(dict(k)["group"], dict(k)["op"]): v for k, v in m["colltrace_collectives_total"].items()}
@@ -42,10 +42,10 @@ def test_metrics_of_a_recorded_deadlock(recorded):
     assert m["colltrace_collectives_in_flight"][frozenset({("group", "0")})] == 3.0   # ranks 0-2 in the barrier
     assert m["colltrace_collectives_in_flight"][frozenset({("group", "2")})] == 1.0   # rank 3 in its gather
     assert m["colltrace_group_last_seq"][frozenset({("group", "0"), ("stage", "entered")})] == 3.0
-    done = sum(1 for tr in trace.load_traces(recorded["deadlock"]) for rec in tr.all_records()
+    done = sum(1 for tr in reader.load_traces(recorded["deadlock"]) for rec in tr.all_records()
                if rec["state"] == "completed" and rec["op"] != "untraced")
     assert sum(m["colltrace_collective_duration_seconds_count"].values()) == done
-    for tr in trace.load_traces(recorded["deadlock"]):
+    for tr in reader.load_traces(recorded["deadlock"]):
         last = max(t for rec in tr.all_records() for t in (rec["entered_at"], rec["returned_at"], rec["completed_at"]) if t)
         assert abs(m["colltrace_rank_last_progress_timestamp_seconds"][frozenset({("rank", str(tr.rank))})] - last) < 1e-3
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from colltrace import storelink
+from colltrace.host import storelink
 from colltrace_dashboard.sources import SourceError, StoreSource
 from dashboard_testing import synthetic_snapshot
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from colltrace import trace
+from colltrace.tracefile import reader
 
 PROBE = "import sys; print('torch' in sys.modules, 'colltrace' in sys.modules)"
 
@@ -72,7 +72,7 @@ def test_bad_setting_gives_one_warning_and_the_job_runs(gloo_job, var, value):
     err = job.stderr(0)
     warnings = [l for l in err.splitlines() if l.startswith("colltrace: warning:")]
     assert len(warnings) == 1 and var in warnings[0] and "using" in warnings[0], err
-    assert trace.load_traces(job.dir)[0].all_records()  # traced with the default instead
+    assert reader.load_traces(job.dir)[0].all_records()  # traced with the default instead
 
 
 def test_a_failure_inside_colltrace_is_reported_once_and_changes_nothing(gloo_job):
@@ -81,7 +81,7 @@ def test_a_failure_inside_colltrace_is_reported_once_and_changes_nothing(gloo_jo
     for r in range(2):
         assert "RESULT [24.0, 24.0, 24.0]" in job.stdout(r)   # (1 + 2) * 2**3, as untraced
         assert job.stderr(r).count("colltrace: internal error") == 1
-    notes = trace.load_traces(job.dir)[0].notes
+    notes = reader.load_traces(job.dir)[0].notes
     assert any("simulated colltrace bug" in n for n in notes)
 
 
@@ -109,4 +109,4 @@ def test_destroyed_groups_are_freed_as_without_colltrace(tmp_path):
     traced = run_py(DESTROY, {"COLLTRACE": "1", "COLLTRACE_DIR": str(tmp_path), "COLLTRACE_WATCHDOG": "off"})
     assert untraced.stdout.split() == ["[True,", "True]"], untraced.stderr
     assert traced.stdout == untraced.stdout, traced.stderr
-    assert "all_reduce" in {r["op"] for tr in trace.load_traces(str(tmp_path)) for r in tr.all_records()}
+    assert "all_reduce" in {r["op"] for tr in reader.load_traces(str(tmp_path)) for r in tr.all_records()}

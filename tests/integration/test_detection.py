@@ -113,9 +113,9 @@ def test_healthy_ddp_fsdp2_dtensor_dcp_give_no_finding(torchrun_job, tmp_path):
     assert job.wait(180) == 0, job.err[-3000:]
     assert job.out.count("DONE") == 2
     assert job.findings() == []
-    from colltrace import trace
+    from colltrace.tracefile import reader
 
-    ops = {r["op"] for tr in trace.load_traces(job.dir) for r in tr.all_records()}
+    ops = {r["op"] for tr in reader.load_traces(job.dir) for r in tr.all_records()}
     assert {"all_gather_single", "reduce_scatter_single", "scatter"} <= ops   # FSDP2, DTensor were traced
     # DDP's C++ all-reduces: records on torch >= 2.14 (c10d's hooks), counted gaps before
     assert ("allreduce" in ops and "untraced" not in ops) if NATIVE else "untraced" in ops

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from colltrace import trace
+from colltrace.tracefile import reader
 from test_tracing import markers, user_line
 
 
@@ -41,7 +41,7 @@ def test_record_of_the_collective_a_rank_died_in_is_readable(gloo_job, how):
     assert job.procs[1].returncode == -SIGNALS[how]
     job.kill()  # rank 0 would wait for the 30-minute gloo timeout
 
-    snap = trace.load_snapshot(job.dir)
+    snap = reader.load_snapshot(job.dir)
     rank1 = snap["ranks"]["1"]
     last = rank1["records"][-1]
     assert last["op"] == "barrier" and last["state"] == "waiting" and last["seq"] == 2

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from colltrace import trace
+from colltrace.tracefile import reader
 from test_tracing import NATIVE, markers, user_line
 
 
@@ -22,7 +22,7 @@ def reported(job, rank):
 
 
 def test_each_group_has_one_name_and_its_global_ranks_on_every_member(groups_job):
-    traces = trace.load_traces(groups_job.dir)
+    traces = reader.load_traces(groups_job.dir)
     seen = {}  # group name -> set of (ranks) as each member recorded it
     for tr in traces:
         truth = reported(groups_job, tr.rank)
@@ -37,7 +37,7 @@ def test_each_group_has_one_name_and_its_global_ranks_on_every_member(groups_job
 
 def test_mesh_and_subgroup_collectives_land_on_their_group(groups_job):
     lines = markers("groups_and_fsdp.py")
-    for tr in trace.load_traces(groups_job.dir):
+    for tr in reader.load_traces(groups_job.dir):
         truth = reported(groups_job, tr.rank)["names"]
         got = {user_line(r, "groups_and_fsdp.py"): r for r in tr.all_records()}
         assert got[lines["mesh_dp"]]["group"] == truth["dp"] and got[lines["mesh_dp"]]["seq"] == 1
@@ -47,7 +47,7 @@ def test_mesh_and_subgroup_collectives_land_on_their_group(groups_job):
 
 def test_fsdp2_collectives_are_recorded_from_the_training_step(groups_job):
     lines = markers("groups_and_fsdp.py")
-    recs = trace.load_traces(groups_job.dir)[0].all_records()
+    recs = reader.load_traces(groups_job.dir)[0].all_records()
     fsdp = [r for r in recs if r["op"] in ("all_gather_single", "reduce_scatter_single")]
     assert len([r for r in fsdp if r["op"] == "reduce_scatter_single"]) >= 4  # 2 steps x 2 sharded layers
     # the user's own line (forward / backward call) is in each stack
@@ -56,7 +56,7 @@ def test_fsdp2_collectives_are_recorded_from_the_training_step(groups_job):
 
 def test_torch_compile_runs_and_its_collective_is_counted_not_lost(groups_job):
     lines = markers("groups_and_fsdp.py")
-    for tr in trace.load_traces(groups_job.dir):
+    for tr in reader.load_traces(groups_job.dir):
         truth = reported(groups_job, tr.rank)
         assert truth["compiled"] == [9.0] * 4        # the compiled function's result is right
         world = [r for r in tr.all_records() if r["group"] == truth["names"]["world"] and not r["p2p"]]

@@ -10,7 +10,8 @@ import time
 import pytest
 import torch.distributed as dist
 
-from colltrace import hooks, trace
+from colltrace.rank import hooks
+from colltrace.tracefile import reader
 from test_detection import frames_line, loc
 from test_tracing import markers, user_line
 
@@ -53,6 +54,6 @@ def test_a_failure_inside_the_hook_never_breaks_the_collective(gloo_job, points)
         assert len(errors) == (1 if NATIVE or r == 1 else 0), traced.stderr(r)[-3000:]
         if NATIVE:
             assert "simulated colltrace bug" in errors[0]
-            recs = trace.load_traces(traced.dir)[r].all_records()
+            recs = reader.load_traces(traced.dir)[r].all_records()
             first = [x for x in recs if user_line(x, SCRIPT) == markers(SCRIPT)["first"]]
             assert [x["op"] for x in first] == ["allreduce"]   # traced until the failure

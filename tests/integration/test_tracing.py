@@ -10,7 +10,8 @@ import pytest
 
 import torch.distributed as dist
 
-from colltrace import hooks, trace
+from colltrace.rank import hooks
+from colltrace.tracefile import reader
 
 JOBS = os.path.join(os.path.dirname(__file__), "jobs")
 NATIVE = hooks.supported(dist.ProcessGroup)   # torch >= 2.14: c10d's collective hooks
@@ -51,7 +52,7 @@ def all_ops(module_gloo_job):
 def test_every_op_kind_lands_with_the_users_line(all_ops):
     job = all_ops
     lines = markers("all_ops.py")
-    traces = {tr.rank: tr for tr in trace.load_traces(job.dir)}
+    traces = {tr.rank: tr for tr in reader.load_traces(job.dir)}
     assert sorted(traces) == [0, 1, 2]
     recs = traces[0].all_records()
     by_line = {}
@@ -92,7 +93,7 @@ def test_every_op_kind_lands_with_the_users_line(all_ops):
 
 def test_numbers_agree_across_ranks_and_with_the_backend(all_ops):
     job = all_ops
-    traces = trace.load_traces(job.dir)
+    traces = reader.load_traces(job.dir)
     seqs = []
     for tr in traces:
         c = counts(job, tr.rank)
@@ -115,7 +116,7 @@ def test_numbers_agree_across_ranks_and_with_the_backend(all_ops):
 def test_ddp_reducer_allreduces_are_records_or_counted_gaps(all_ops):
     job = all_ops
     lines = markers("all_ops.py")
-    recs = trace.load_traces(job.dir)[0].all_records()
+    recs = reader.load_traces(job.dir)[0].all_records()
     if NATIVE:
         # torch >= 2.14: c10d's hooks see DDP's C++ collectives; nothing is merely counted
         assert not [r for r in recs if r["op"] == "untraced"]
@@ -138,7 +139,7 @@ def test_ddp_reducer_allreduces_are_records_or_counted_gaps(all_ops):
 
 def test_object_collective_is_one_logical_op(all_ops):
     job = all_ops
-    recs = trace.load_traces(job.dir)[1].all_records()
+    recs = reader.load_traces(job.dir)[1].all_records()
     ago = [r for r in recs if r["op"] == "all_gather_object"]
     assert len(ago) == 1 and ago[0]["seq_end"] == ago[0]["seq"] + 1   # two backend all_gathers, one record
     assert not [r for r in recs if r["op"] == "all_gather" and r["seq"] in (ago[0]["seq"], ago[0]["seq_end"])]

@@ -11,16 +11,17 @@ import random
 
 import pytest
 
-from colltrace.analysis import HANG_KINDS, analyze, render_report
-from colltrace import origins
-from colltrace.analysis import report as report_mod
+from colltrace.analysis import HANG_KINDS, analyze
+from colltrace.reporters.text import render_report
+from colltrace.analysis import origins
+from colltrace.reporters import text as report_mod
 
 T = 1_000.0            # when the stuck collectives were entered
 STALL = 30.0
 TORCH = {"file": "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", "line": 4000,
          "func": "barrier"}
-COLLTRACE = {"file": "/venv/lib/python3.11/site-packages/colltrace/shim.py", "line": 200, "func": "wrapper"}
-# Where the ranks' torch, stdlib and packages are, as each rank records it (colltrace.origins).
+COLLTRACE = {"file": "/venv/lib/python3.11/site-packages/colltrace/rank/shim.py", "line": 200, "func": "wrapper"}
+# Where the ranks' torch, stdlib and packages are, as each rank records it (colltrace.analysis.origins).
 ROOTS = {"stdlib": ["/usr/lib/python3.11"], "site": ["/venv/lib/python3.11/site-packages"],
          "torch": ["/venv/lib/python3.11/site-packages/torch"],
          "colltrace": ["/venv/lib/python3.11/site-packages/colltrace"], "user_packages": []}

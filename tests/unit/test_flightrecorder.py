@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from colltrace import flightrecorder
+from colltrace.rank import flightrecorder
 
 
 def test_a_rank_answers_each_request_once(tmp_path, monkeypatch):

@@ -104,7 +104,7 @@ class _Boom:
 
 
 def test_a_pickle_that_would_run_code_is_refused(tmp_path):
-    from colltrace import frdump
+    from colltrace.tracefile import frdump
 
     (tmp_path / "nccl_trace_rank_0").write_bytes(pickle.dumps({"version": "2.9", "entries": [_Boom()]}))
     with pytest.raises(frdump.DumpError, match="refuses to load"):
@@ -130,7 +130,7 @@ def _dumps(last: dict, version="2.4", n=3) -> dict:
 @pytest.mark.parametrize("field,odd", [("sizes", _entry(2, sizes=((4,),))), ("dtypes", _entry(2, dtypes=("Half",))),
                                        ("op", _entry(2, op="broadcast"))])
 def test_mismatch_of_sizes_dtypes_or_op_is_found_in_nccl_dumps(field, odd):
-    from colltrace import frdump
+    from colltrace.tracefile import frdump
     from colltrace.analysis import analyze, culprits
 
     snap = frdump.to_snapshot(_dumps({1: odd}))
@@ -142,7 +142,7 @@ def test_mismatch_of_sizes_dtypes_or_op_is_found_in_nccl_dumps(field, odd):
 
 def test_older_versions_without_collective_seq_id_or_is_p2p_are_read():
     """Version 2.0/2.1 dumps (torch 2.4): `seq_id`, no is_p2p, no pg_status, no dtypes."""
-    from colltrace import frdump
+    from colltrace.tracefile import frdump
     from colltrace.analysis import analyze
 
     def old(seq, **kw):
@@ -160,7 +160,7 @@ def test_older_versions_without_collective_seq_id_or_is_p2p_are_read():
 
 def test_cross_group_wait_cycle_is_a_deadlock_in_dumps():
     """Rank 0 waits in group A for rank 1, which waits in group B for rank 0."""
-    from colltrace import frdump
+    from colltrace.tracefile import frdump
     from colltrace.analysis import analyze, culprits
 
     cfg = {"A": {"name": "A", "desc": "", "ranks": "[0, 1]"}, "B": {"name": "B", "desc": "", "ranks": "[0, 1]"}}
@@ -188,7 +188,7 @@ def test_colltrace_traces_get_culprits_too():
 
 def test_unmatched_send_in_dumps_names_the_peer():
     """Rank 0 sends to rank 1 twice; rank 1 posted one recv (done): the second send is unmatched."""
-    from colltrace import frdump
+    from colltrace.tracefile import frdump
     from colltrace.analysis import analyze, culprits
 
     cfg = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}}
@@ -207,7 +207,7 @@ def test_unmatched_send_in_dumps_names_the_peer():
 
 def test_p2p_wait_cycle_is_a_deadlock_in_dumps():
     """Both ranks receive first from each other: neither ever sends."""
-    from colltrace import frdump
+    from colltrace.tracefile import frdump
     from colltrace.analysis import analyze
 
     cfg = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}}

@@ -5,7 +5,7 @@ import enum
 
 import pytest
 
-from colltrace import hooks
+from colltrace.rank import hooks
 
 
 class HookOpName(enum.Enum):   # the spellings torch 2.14 and 2.15 use

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from colltrace import identity, trace
+from colltrace.rank import identity
+from colltrace.tracefile import reader
 
 
 def test_jobs_with_their_own_stores_differ_and_ranks_of_one_job_agree(tmp_path):
@@ -30,13 +31,13 @@ def test_a_folder_shared_by_hosts_keeps_every_host_of_the_newest_job():
 
     old = T("none@tcp:h:1#ppid5", 1.0)
     host_a, host_b = T("none@tcp:h:2#ppid7", 5.0), T("none@tcp:h:2#ppid9", 6.0)
-    assert trace._newest_job([old, host_a, host_b]) == [host_a, host_b]
+    assert reader._newest_job([old, host_a, host_b]) == [host_a, host_b]
 
 
 def test_a_watchdog_never_reads_a_later_job_in_its_folder_as_its_own(tmp_path):
     from colltrace import config
-    from colltrace.recorder import Recorder
-    from colltrace.watchdog import NodeView
+    from colltrace.rank.recorder import Recorder
+    from colltrace.host.nodeview import NodeView
 
     settings = config.load({"COLLTRACE": "1", "COLLTRACE_DIR": str(tmp_path), "COLLTRACE_POLL_S": "0.02"})
     first = Recorder(settings, rank=0, world_size=1, backend="gloo", job="test-1@file:/a")

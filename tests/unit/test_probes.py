@@ -7,8 +7,8 @@ import subprocess
 import sys
 import time
 
-from colltrace import probes
-from colltrace.analysis import report
+from colltrace.host import probes
+from colltrace.reporters import text as report
 
 EVAL = {"file": "/job/eval.py", "line": 40, "func": "long_eval"}
 NAP = {"file": "/job/train.py", "line": 12, "func": "nap"}
@@ -76,7 +76,7 @@ def test_abort_ends_a_stall_only_when_every_missing_rank_is_frozen():
 
 def test_the_rank_answers_a_stack_request_from_its_own_thread(tmp_path):
     code = ("import time, threading\n"
-            "from colltrace import probes\n"
+            "from colltrace.host import probes\n"
             "r = probes.StackResponder(%r, 0)\n"
             "def serve():\n"
             "    while True:\n"
@@ -100,7 +100,7 @@ def test_the_rank_answers_a_stack_request_from_its_own_thread(tmp_path):
 
 def test_faulthandler_answers_by_signal_while_the_gil_is_held(tmp_path):
     code = ("import json, re, sys\n"
-            "from colltrace import probes\n"
+            "from colltrace.host import probes\n"
             "meta, f = probes.install_signal(%r, 0)\n"
             "print(json.dumps(meta), flush=True)\n"
             "def spin():\n"
@@ -125,7 +125,7 @@ def test_faulthandler_answers_by_signal_while_the_gil_is_held(tmp_path):
 
 def test_a_signal_the_program_handles_is_left_to_it(tmp_path):
     code = ("import json, signal\n"
-            "from colltrace import probes\n"
+            "from colltrace.host import probes\n"
             "signal.signal(probes.stack_signal(), lambda *a: None)\n"
             "meta, f = probes.install_signal(%r, 0)\n"
             "print(json.dumps(meta))\n") % str(tmp_path)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import time
 
-from colltrace import config, trace
-from colltrace.recorder import Recorder
+from colltrace import config
+from colltrace.tracefile import reader
+from colltrace.rank.recorder import Recorder
 
 
 class FakeEvent:
@@ -50,7 +51,7 @@ def wait_until(pred, timeout=5.0):
 
 
 def state_of(directory, rec_id):
-    tr = trace.load_traces(directory)[0]
+    tr = reader.load_traces(directory)[0]
     return next(r for r in tr.all_records() if r["id"] == rec_id)
 
 
@@ -116,7 +117,7 @@ def test_a_group_that_cannot_be_described_passes_through_with_one_note(tmp_path,
     assert rec.group_state(odd, broken) is None
     gs = rec.group_state(FakeGroup(), describe)   # the others are traced as ever
     assert gs is not None and not rec.disabled
-    tr = trace.load_traces(str(tmp_path))[0]
+    tr = reader.load_traces(str(tmp_path))[0]
     assert [n for n in tr.notes if "not traced" in n] == ["group FakeGroup not traced: RuntimeError('ProcessGroup name not set')"]
     assert "colltrace" not in capsys.readouterr().err
     rec.close()

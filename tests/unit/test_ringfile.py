@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from colltrace import ringfile, trace
-from colltrace.ringfile import COMPLETE, ENTER, RETURN
+from colltrace.tracefile import ringfile, reader
+from colltrace.tracefile.ringfile import COMPLETE, ENTER, RETURN
 
 
 def write_events(path, slots, n):
@@ -53,7 +53,7 @@ def test_a_malformed_rank_is_unreadable_the_others_still_load(tmp_path):
     d.write({"k": "group", "id": 1, "name": "0", "desc": "default_pg", "ranks": [0, 1]})
     d.write({"k": "sig", "id": 1, "op": "barrier", "backend_op": "barrier", "group": 1, "shapes": [], "dtypes": []})
     (tmp_path / "rank-00001.ring").write_bytes(b"not a ring at all, truncated by a full disk")
-    snap = trace.load_snapshot(str(tmp_path))
+    snap = reader.load_snapshot(str(tmp_path))
     assert snap["ranks"]["1"]["status"] == "unreadable" and "rank-00001.ring" in snap["ranks"]["1"]["error"]
     (rec,) = snap["ranks"]["0"]["records"]
     assert rec["op"] == "barrier" and rec["group"] == "0" and rec["state"] == "waiting"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from colltrace import samekind
+from colltrace.callsites import samekind
 
 
 def write(path, text):

@@ -7,8 +7,9 @@ import os
 
 import pytest
 
-from colltrace import config, ringfile, storage, trace
-from colltrace.recorder import Recorder
+from colltrace import config
+from colltrace.tracefile import ringfile, storage, reader
+from colltrace.rank.recorder import Recorder
 
 
 class FakeGroup:
@@ -73,7 +74,7 @@ def test_a_definitions_file_that_fills_mid_run_stops_tracing_with_one_warning(tm
     assert "No space left on device; tracing is off on rank 0, the job goes on untraced" in err
     assert rec.disabled
     # What was recorded before stays readable; the rank is no longer judged on its last record.
-    tr = trace.load_traces(str(tmp_path))[0]
+    tr = reader.load_traces(str(tmp_path))[0]
     recs = tr.all_records()
     assert [(r["op"], r["shapes"], r["state"]) for r in recs[:1]] == [("all_reduce", [[4]], "completed")]
     assert all(r["state"] == "completed" for r in recs)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from colltrace import storelink
+from colltrace.host import storelink
 
 
 @pytest.fixture
@@ -112,7 +112,7 @@ def test_a_hung_nodes_summary_is_written_and_decoded_once_its_heartbeats_stay_fr
 def test_the_leader_meets_on_its_own_server_and_takes_its_one_key_back(store, tmp_path):
     """The job's store gets one key (the leader's address) and loses it at the end; the state
     lives on the leader's server, where `dump --from-store JOB_STORE` and the dashboard find it."""
-    from colltrace import meeting
+    from colltrace.host import meeting
 
     before = sorted(store.list_keys())
     mp = meeting.MeetingPoint("127.0.0.1", store.port)

@@ -122,7 +122,7 @@ def test_nccl_dumps_export_every_entry_and_queued_work_nests(tmp_path):
 
 
 def test_overlapping_async_work_goes_to_an_extra_track_of_the_thread():
-    from colltrace import timeline
+    from colltrace.reporters import timeline
 
     def rec(i, t0, t1):
         return {"id": i, "group": "0", "seq": i, "op": "all_reduce", "state": "completed", "entered_at": t0,

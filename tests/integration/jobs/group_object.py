@@ -23,7 +23,7 @@ if sys.argv[1] == "mismatch":
         pg.allgather([[torch.empty(4) for _ in range(world)]], [x]).wait()  # op: pg_allgather
 elif sys.argv[1] == "inject":
     # colltrace's own code fails inside its hook, before (pre) or after (post) the backend call.
-    from colltrace import hooks, shim
+    from colltrace.rank import hooks, shim
 
     def broken(*a, **k):
         raise RuntimeError("simulated colltrace bug")

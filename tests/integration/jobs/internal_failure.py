@@ -2,7 +2,7 @@
 import torch
 import torch.distributed as dist
 
-from colltrace import shim
+from colltrace.rank import shim
 
 dist.init_process_group("gloo")
 x = torch.ones(3) * (dist.get_rank() + 1)

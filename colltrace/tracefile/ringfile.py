@@ -17,7 +17,7 @@ import mmap
 import os
 import struct
 
-from colltrace import storage
+from colltrace.tracefile import storage
 
 MAGIC = b"CLTRACE1"
 VERSION = 1

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 
-from colltrace import origins
+from colltrace.analysis import origins
 
 PENDING = frozenset(("waiting", "in_flight"))
 PENDING_OR_FAILED = PENDING | {"failed"}

@@ -17,7 +17,7 @@ Keys (all under PREFIX):
   hang             set by the leader when it finds a hang: every node then acts on
                    COLLTRACE_ON_HANG (dump its ranks' stacks; abort: end them too)
   ended            set by the leader just before its server goes away with the job
-These live in the leader's own store (colltrace/meeting.py); the job's store holds only
+These live in the leader's own store (colltrace/host/meeting.py); the job's store holds only
 PREFIX + "leader", its address. A reader given the job's store follows that key.
 """
 from __future__ import annotations
@@ -279,7 +279,7 @@ def snapshot_to_folder(address: str, directory: str) -> str:
     summaries = link.node_summaries()
     if not summaries:
         raise StoreError(f"the store at {address} holds no colltrace state (is the job running with COLLTRACE=1?)")
-    from colltrace.snapshot import merge
+    from colltrace.model.snapshots import merge
 
     snap = merge(summaries, time.time())
     snap["findings"] = link.findings()

@@ -13,7 +13,7 @@ import os
 import socket
 from datetime import timedelta
 
-from colltrace.storelink import PREFIX, StoreError, _one_line, parse_address
+from colltrace.host.storelink import PREFIX, StoreError, _one_line, parse_address
 
 LEADER_KEY = PREFIX + "leader"
 

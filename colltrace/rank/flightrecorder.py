@@ -16,7 +16,7 @@ import json
 import os
 import time
 
-from colltrace import asks
+from colltrace.tracefile import asks
 
 KEEP_PER_GROUP = 8   # newest entries per group written on request
 # FR's dtype names -> torch's short names, as the trace records them

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 
-from colltrace import asks
+from colltrace.tracefile import asks
 
 SIGNAL_OFFSET = 7            # SIGRTMIN+7: a real-time signal programs seldom use
 INPROC_WAIT_S = 0.4          # the poller wakes every poll period (0.1 s): a free GIL answers well within
@@ -182,7 +182,7 @@ def _send_signal(directory: str, rank: int, pid: int, meta: dict) -> str | None:
 
 def _read_signal(directory: str, rank: int, meta: dict) -> list[dict] | None:
     """The main thread's frames from faulthandler's dump, once complete (None if none yet)."""
-    from colltrace.trace import parse_fault
+    from colltrace.tracefile.reader import parse_fault
 
     try:
         with open(signal_path(directory, rank), errors="replace") as f:
@@ -237,7 +237,7 @@ def by_signal(directory: str, ranks: dict[int, tuple[int, dict]]) -> dict[int, t
 def live_stacks(directory: str, due: dict[int, tuple[int, dict]], py_spy_ok: bool = True) -> dict[int, tuple]:
     """{rank: (pid, meta)} -> {rank: (frames or None, route, [why other routes failed])}.
     Every rank is asked in-process first, all at once; the rest by signal, then py-spy."""
-    from colltrace import stacks
+    from colltrace.host import stacks
 
     out: dict[int, tuple] = {}
     for rank in due:
@@ -278,7 +278,7 @@ def live_stacks(directory: str, due: dict[int, tuple[int, dict]], py_spy_ok: boo
 def dump_text(directory: str, rank: int, pid: int, meta: dict) -> str:
     """Every thread's stack as text for COLLTRACE_ON_HANG=dump/abort: py-spy with native frames
     where it is permitted, else faulthandler's all-thread dump by signal, else the rank's own."""
-    from colltrace import stacks
+    from colltrace.host import stacks
 
     threads = stacks.dump(pid, native=True)
     if "_error" not in threads:
@@ -327,7 +327,7 @@ def sample_process(pid: int) -> dict | None:
 
 
 def _user_frame(frames: list[dict]) -> dict | None:
-    from colltrace.analysis.report import user_frames
+    from colltrace.reporters.text import user_frames
 
     users = user_frames(frames)
     named = [f for f in users if not str(f.get("func")).startswith("<") or f.get("func") == "<module>"]

@@ -17,8 +17,11 @@ import time
 import traceback
 import weakref
 
-from colltrace import flightrecorder, origins, probes, ringfile, storage
-from colltrace.ringfile import COMPLETE, ENTER, F_DONE, F_P2P, FAIL, RETURN, UNTRACED
+from colltrace.rank import flightrecorder
+from colltrace.analysis import origins
+from colltrace.host import probes
+from colltrace.tracefile import ringfile, storage
+from colltrace.tracefile.ringfile import COMPLETE, ENTER, F_DONE, F_P2P, FAIL, RETURN, UNTRACED
 
 _time = time.time
 _getframe = sys._getframe
@@ -29,8 +32,8 @@ def rank_file(directory: str, rank: int, suffix: str) -> str:
 
 
 def job_id(environ=os.environ, store=None) -> str:
-    """The same string on every rank of one job, different between jobs (colltrace.identity)."""
-    from colltrace import identity
+    """The same string on every rank of one job, different between jobs (colltrace.rank.identity)."""
+    from colltrace.rank import identity
 
     return identity.job_id(store, environ)
 

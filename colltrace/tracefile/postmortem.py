@@ -4,33 +4,33 @@ from __future__ import annotations
 
 import os
 
-from colltrace import frdump, trace
+from colltrace.tracefile import frdump, reader
 
 
 def load(directory: str, prefix: str | None = None) -> dict:
-    """The snapshot of DIR. Raises trace.TraceError (one line naming the folder or file)."""
+    """The snapshot of DIR. Raises reader.TraceError (one line naming the folder or file)."""
     if not os.path.isdir(directory):
-        raise trace.TraceError(f"{directory}: no such folder")
-    if trace.rank_files(directory) or os.path.exists(os.path.join(directory, "snapshot.json")):
-        return trace.load_snapshot(directory)
+        raise reader.TraceError(f"{directory}: no such folder")
+    if reader.rank_files(directory) or os.path.exists(os.path.join(directory, "snapshot.json")):
+        return reader.load_snapshot(directory)
     try:
         dumps = frdump.read(directory, prefix)
     except frdump.DumpError as exc:
-        raise trace.TraceError(str(exc)) from None
+        raise reader.TraceError(str(exc)) from None
     if not dumps:
         what = f"files named {prefix}<rank>" if prefix is not None else "files named <prefix><rank>"
-        raise trace.TraceError(f"{directory}: no colltrace traces (rank-*.ring) and no Flight Recorder dumps "
+        raise reader.TraceError(f"{directory}: no colltrace traces (rank-*.ring) and no Flight Recorder dumps "
                                f"({what}) in this folder")
     return frdump.to_snapshot(dumps, directory)
 
 
 def analyzed(directory: str, prefix: str | None, stall_s: float | None) -> tuple[dict, list[dict]]:
     """(snapshot, findings) of DIR, judged by `stall_s` or else the job's own threshold. Raises
-    trace.TraceError on unreadable input."""
+    reader.TraceError on unreadable input."""
     from colltrace.analysis import analyze
 
     snap = load(directory, prefix)
-    threshold = stall_s if stall_s is not None else trace.job_stall_s(snap)
+    threshold = stall_s if stall_s is not None else reader.job_stall_s(snap)
     return snap, analyze(snap, stall_s=threshold, now=snap["taken_at"])
 
 

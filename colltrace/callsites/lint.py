@@ -25,7 +25,8 @@ import os
 import re
 from dataclasses import asdict, dataclass
 
-from colltrace import origins, sourcescan
+from colltrace.analysis import origins
+from colltrace.callsites import scan
 
 RULES = {
     "rank-branch": "collective under a rank-dependent branch: the ranks that skip it never join",
@@ -78,7 +79,7 @@ def _ops(sf, nodes) -> set:
     for stmt in nodes:
         for n in ast.walk(stmt):
             if isinstance(n, ast.Call):
-                op = sourcescan.collective_op(sf, n)
+                op = scan.collective_op(sf, n)
                 if op:
                     out.add(op)
     return out
@@ -95,7 +96,7 @@ def _exits(body) -> ast.stmt | None:
 
 
 class _Checker:
-    def __init__(self, sf: sourcescan.SourceFile):
+    def __init__(self, sf: scan.SourceFile):
         self.sf = sf
         self.out: list[Finding] = []
         self.seen: set = set()
@@ -126,7 +127,7 @@ class _Checker:
         self.out.sort(key=lambda f: (f.line, f.rule))
         return self.out
 
-    def _site(self, s: sourcescan.CallSite) -> None:
+    def _site(self, s: scan.CallSite) -> None:
         call = s.node
         for child, parent in self._ancestors(call):
             if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
@@ -147,10 +148,10 @@ class _Checker:
                 if self._matched_after(parent, s.op):
                     continue
                 cond = ast.unparse(parent.test)
-                rule = "object-rank-branch" if s.op in sourcescan.OBJECT_OPS else "rank-branch"
+                rule = "object-rank-branch" if s.op in scan.OBJECT_OPS else "rank-branch"
                 self.add(s.line, rule, f"{s.op} runs only where `{_short(cond)}` holds; the other ranks never join it")
                 break
-        if s.group_kind == "default" and s.group == "default" and s.op in sourcescan.GROUP_POS:
+        if s.group_kind == "default" and s.group == "default" and s.op in scan.GROUP_POS:
             why = self._subgroups_near(s)
             if why:
                 self.add(s.line, "default-group", f"{s.op} on the default group, while {why}: every rank must call it")
@@ -166,7 +167,7 @@ class _Checker:
         if _folder_makes_subgroups(os.path.dirname(os.path.abspath(self.sf.path))):
             return "this folder's code makes subgroups"
         for mod, level in self.sf.imports:
-            for path in sourcescan.resolve_import(self.sf.path, mod, level):
+            for path in scan.resolve_import(self.sf.path, mod, level):
                 if _origin(path) == origins.INTERNAL:
                     continue   # torch's own modules make subgroups for everyone's use
                 if _file_makes_subgroups(os.path.abspath(path)):
@@ -239,12 +240,12 @@ def _origin(path: str) -> str:
 
 @functools.lru_cache(maxsize=1024)
 def _file_makes_subgroups(path: str) -> bool:
-    """Whether a module carves rank subsets out of the world (sourcescan.SourceFile.makes_subgroups)."""
+    """Whether a module carves rank subsets out of the world (scan.SourceFile.makes_subgroups)."""
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             if _MAKES.search(f.read()) is None:
                 return False   # the common case, without parsing
-        return sourcescan.parse(path).makes_subgroups
+        return scan.parse(path).makes_subgroups
     except (OSError, SyntaxError, ValueError, RecursionError):
         return False
 
@@ -276,7 +277,7 @@ def _short(text: str, n: int = 60) -> str:
 
 def check_file(path: str) -> list[Finding]:
     """Findings of one file; OSError / SyntaxError / ValueError propagate."""
-    return _Checker(sourcescan.parse(path)).run()
+    return _Checker(scan.parse(path)).run()
 
 
 def python_files(paths) -> list[str]:

@@ -18,8 +18,9 @@ import threading
 import weakref
 import zlib
 
-from colltrace import config, hooks
-from colltrace.ringfile import F_ASYNC, F_DIGEST, F_P2P
+from colltrace import config
+from colltrace.rank import hooks
+from colltrace.tracefile.ringfile import F_ASYNC, F_DIGEST, F_P2P
 
 # name: (backend op, tensor parameter compared across ranks, reducing?, kind)
 # kind: c = collective, p = point-to-point, o = object collective (logical op of several), b = batch p2p
@@ -405,11 +406,11 @@ def _ensure_recorder():
             c10d = _c10d
             if not c10d.is_initialized():
                 return None
-            from colltrace.recorder import Recorder, job_id
+            from colltrace.rank.recorder import Recorder, job_id
 
             settings = _state["settings"]
             pg = c10d._get_default_group()
-            try:   # the job's own store tells this job from the others (colltrace.identity)
+            try:   # the job's own store tells this job from the others (colltrace.rank.identity)
                 store = c10d._world.pg_map[pg][1]
             except Exception:
                 store = None
@@ -429,12 +430,12 @@ def _ensure_recorder():
             recorder = rec
             _state["recorder"] = rec
             _install_funcol()
-            from colltrace import launcher
+            from colltrace.rank import launcher
 
             launcher.ensure_watchdog(settings, rec)
         except Exception as exc:
             _state["recorder"] = "failed"
-            from colltrace import storage
+            from colltrace.tracefile import storage
 
             if isinstance(exc, storage.StorageError):   # a full trace folder: one warning, the job goes on
                 sys.stderr.write(f"colltrace: warning: {exc}\n")

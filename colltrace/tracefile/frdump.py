@@ -18,7 +18,7 @@ import os
 import pickle
 import re
 
-from colltrace.flightrecorder import DTYPES
+from colltrace.rank.flightrecorder import DTYPES
 
 # the rank that ends a dump's file name, as torchfrtrace reads it (an extension is allowed)
 DUMP_NAME = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)(?:\.json|\.pkl|\.pickle)?$")

@@ -5,7 +5,7 @@ snapshot format is described in docs/design.md.
 """
 from __future__ import annotations
 
-from colltrace import origins
+from colltrace.analysis import origins
 
 SUSPECT_AFTER_S = 0.5   # others have waited this long: fetch the missing rank's live stack
 RECENT_COMPLETED = 4    # completed records per rank sent through the store (pending ones always)

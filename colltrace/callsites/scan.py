@@ -1,7 +1,7 @@
 """The collective call sites of Python source files, read with the standard `ast` (no torch import).
 
-Shared by `colltrace lint` (colltrace/lint.py) and by the "same kind elsewhere" list that a
-hang finding gets (colltrace/samekind.py). A call site is a call of a torch.distributed
+Shared by `colltrace lint` (colltrace/callsites/lint.py) and by the "same kind elsewhere" list that a
+hang finding gets (colltrace/callsites/samekind.py). A call site is a call of a torch.distributed
 collective through a name the file bound to torch.distributed (`import torch.distributed as
 dist`, `from torch import distributed`, `from torch.distributed import barrier`, or the plain
 `torch.distributed.x`), with the group argument classified as:

@@ -17,7 +17,7 @@ import sys
 import threading
 import weakref
 
-from colltrace.ringfile import F_ASYNC, F_P2P
+from colltrace.tracefile.ringfile import F_ASYNC, F_P2P
 
 HOOK_ID = 0x636F6C6C   # "coll": one id per group, ours; a program's own hooks use their own ids
 

@@ -4,7 +4,7 @@ When a deadlock or stall shows ranks of group G waiting in a collective that oth
 never call (they are on another path), the same will happen at every other collective on G,
 and, when G is the default group, at every collective whose group is left to its default. This
 module reads the user's source files named by the waiting ranks' frames (and the user modules
-they import), finds those call sites with colltrace.sourcescan, and adds them to the finding as
+they import), finds those call sites with colltrace.callsites.scan, and adds them to the finding as
 `same_kind`, most likely to run next first:
 
 0. later in the functions on the stack (innermost first): what runs once the hang is fixed;
@@ -19,8 +19,9 @@ from __future__ import annotations
 import functools
 import os
 
-from colltrace import origins, sourcescan
-from colltrace.analysis.report import user_frames
+from colltrace.analysis import origins
+from colltrace.callsites import scan
+from colltrace.reporters.text import user_frames
 
 KINDS = ("deadlock", "stall")
 MAX_SITES = 50
@@ -48,7 +49,7 @@ def _load(path: str):
     key = (path, st.st_mtime_ns, st.st_size)
     if key not in _cache:
         try:
-            _cache[key] = sourcescan.parse(path)
+            _cache[key] = scan.parse(path)
         except (OSError, SyntaxError, ValueError, RecursionError):
             _cache[key] = None
     return _cache[key]
@@ -85,12 +86,12 @@ def sites_for(f: dict) -> list[dict]:
     if hang_sf is not None:
         for s in hang_sf.sites:
             if s.line == hang.get("line") and s.group_kind == "explicit":
-                keys.add(sourcescan.group_key(s.group))
+                keys.add(scan.group_key(s.group))
 
     def same(s) -> bool:
         if s.group_kind in ("default", "maybe_default"):
             return default
-        return sourcescan.group_key(s.group) in keys
+        return scan.group_key(s.group) in keys
 
     here = {(x["file"], x.get("line")) for chain in chains for x in chain}
     out, seen = [], set()
@@ -128,7 +129,7 @@ def sites_for(f: dict) -> list[dict]:
     for path in files:
         sf = _load(path)
         for mod, level in (sf.imports if sf else ()):
-            for cand in sourcescan.resolve_import(path, mod, level):
+            for cand in scan.resolve_import(path, mod, level):
                 cand = os.path.abspath(cand)
                 if _user_file(cand) and cand not in files and cand not in imported:
                     imported.append(cand)

@@ -11,8 +11,10 @@ import json
 import os
 import re
 
-from colltrace import flightrecorder, identity, origins, ringfile
-from colltrace.ringfile import COMPLETE, ENTER, F_ASYNC, F_DIGEST, F_DONE, F_P2P, FAIL, RETURN, UNTRACED
+from colltrace.rank import flightrecorder, identity
+from colltrace.analysis import origins
+from colltrace.tracefile import ringfile
+from colltrace.tracefile.ringfile import COMPLETE, ENTER, F_ASYNC, F_DIGEST, F_DONE, F_P2P, FAIL, RETURN, UNTRACED
 
 RANK_FILE = re.compile(r"rank-(\d+)\.ring$")
 FATAL_SIGNALS = {
