@@ -1,4 +1,4 @@
-"""The analyzer: a snapshot (plain data, docs/design.md) in, findings (shared/CONTRACT.md) out.
+"""The analyzer: a snapshot (plain data, docs/design.md) in, findings (docs/findings.md) out.
 
 Pure and deterministic: no I/O, no torch, everything sorted. Used live by the watchdog and
 post-mortem by `colltrace analyze`.

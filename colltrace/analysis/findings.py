@@ -1,5 +1,5 @@
 """The verdicts: mismatches, dead ranks, deadlocks, stalls and unmatched p2p as finding dicts
-(shared/CONTRACT.md), one finding per problem, reported where the problem starts.
+(docs/findings.md), one finding per problem, reported where the problem starts.
 
 Facts only, no English: who, where (frames marked with their origin: the user's, a framework's,
 torch's), and which ranks to look at first and why (`look_first`). colltrace.reporters.text

@@ -1,5 +1,5 @@
 """Where the dashboard's data comes from. Each source's read() gives a Reading: a plain snapshot
-(docs/design.md) and findings (shared/CONTRACT.md), the same data the CLI works from.
+(docs/design.md) and findings (docs/findings.md), the same data the CLI works from.
 
 - FolderSource: a trace folder. While the job's ranks run on this host it reads their rings
   incrementally and watches their processes, as the watchdog does; once they are gone it reads
