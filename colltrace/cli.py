@@ -1,6 +1,7 @@
 """`colltrace` command line: one class per subcommand (colltrace/commands), registered in one list.
 
-Exit codes: 0 ran and found nothing wrong, 1 found problems, 2 bad usage or unreadable input.
+Exit codes (colltrace/errors.py): 0 ran and found nothing wrong, 1 found problems, 2 bad usage or
+unreadable input; any ColltraceError a command raises is one line on stderr and its exit code.
 """
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import argparse
 import sys
 
 from colltrace import __version__
-from colltrace.commands import COMMANDS, UsageError
+from colltrace.commands import COMMANDS
+from colltrace.errors import ColltraceError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -44,9 +46,9 @@ def main(argv=None) -> int:
     args.job_argv = job
     try:
         return args._command.run(args, parser)
-    except UsageError as exc:
+    except ColltraceError as exc:
         sys.stderr.write(f"colltrace: error: {exc}\n")
-        return 2
+        return exc.exit_code
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

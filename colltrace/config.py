@@ -95,12 +95,9 @@ def _names(env, name, warnings) -> tuple[str, ...]:
 
 def parse_bind(text: str) -> tuple[str, int]:
     """"[HOST:]PORT" -> (host, port); the host defaults to 127.0.0.1 (loopback only). ValueError if bad."""
-    text = text.strip()
-    host, sep, port = text.rpartition(":")
-    host = host.strip().strip("[]") if sep else "127.0.0.1"
-    if not port.isdigit() or not 0 <= int(port) < 65536 or (sep and not host):
-        raise ValueError(f"{text!r} is not [HOST:]PORT")
-    return host, int(port)
+    from colltrace import address
+
+    return address.parse(text, default_host="127.0.0.1", any_port=True)
 
 
 def _bind(env, name, warnings):

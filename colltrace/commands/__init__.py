@@ -1,16 +1,11 @@
-"""The subcommands; each is one class with name, help, prepare_parser() and run()."""
-
-
-class UsageError(Exception):
-    """Bad flags or unreadable input: printed as one line, exit code 2."""
-
-
-from colltrace.commands.analyze import AnalyzeCommand  # noqa: E402
-from colltrace.commands.dashboard import DashboardCommand  # noqa: E402
-from colltrace.commands.dump import DumpCommand  # noqa: E402
-from colltrace.commands.export import ExportCommand  # noqa: E402
-from colltrace.commands.lint import LintCommand  # noqa: E402
-from colltrace.commands.run import RunCommand  # noqa: E402
-from colltrace.commands.watch import WatchCommand  # noqa: E402
+"""The subcommands, registered in one list: each is one class with name, help, prepare_parser()
+and run(), in a module of its own; none imports this package."""
+from colltrace.commands.analyze import AnalyzeCommand
+from colltrace.commands.dashboard import DashboardCommand
+from colltrace.commands.dump import DumpCommand
+from colltrace.commands.export import ExportCommand
+from colltrace.commands.lint import LintCommand
+from colltrace.commands.run import RunCommand
+from colltrace.commands.watch import WatchCommand
 
 COMMANDS = [RunCommand, DumpCommand, AnalyzeCommand, ExportCommand, WatchCommand, DashboardCommand, LintCommand]

@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 import sys
 
-from colltrace.tracefile import postmortem, reader
+from colltrace.tracefile import postmortem
 from colltrace.callsites import samekind
 
 
@@ -25,12 +25,8 @@ class AnalyzeCommand:
     def run(self, args, parser) -> int:
         from colltrace.analysis import culprits
         from colltrace.reporters.text import render_report
-        from colltrace.commands import UsageError
 
-        try:
-            snap, findings = postmortem.analyzed(args.dir, args.prefix, args.stall_s)
-        except reader.TraceError as exc:
-            raise UsageError(str(exc)) from None
+        snap, findings = postmortem.analyzed(args.dir, args.prefix, args.stall_s)   # InputError: exit 2
         samekind.annotate(findings)   # reads the user's source files: after the (pure) analysis
         verdict = culprits.explain(findings)
         warnings = _warnings(snap)

@@ -11,7 +11,7 @@ def require_extra() -> None:
     """UsageError (one line, exit 2) unless the `dashboard` extra is installed."""
     import importlib
 
-    from colltrace.commands import UsageError
+    from colltrace.errors import UsageError
 
     for name in EXTRA:
         try:
@@ -37,7 +37,7 @@ class DashboardCommand:
                        help="stall threshold in seconds (default: the job's COLLTRACE_STALL_S)")
 
     def run(self, args, parser) -> int:
-        from colltrace.commands import UsageError
+        from colltrace.errors import UsageError
 
         if (args.dir is None) == (args.store is None):
             raise UsageError("give a trace folder or --store HOST:PORT (one of them)")
@@ -51,14 +51,12 @@ class DashboardCommand:
         from colltrace_dashboard import server, sources
 
         token = (args.token or os.environ.get("COLLTRACE_DASHBOARD_TOKEN", "")).strip() or None
-        try:
-            if args.store:
-                source = sources.StoreSource(args.store, stall_s=args.stall_s)
-            else:
-                source = sources.FolderSource(args.dir, stall_s=args.stall_s)
-            srv = server.Server(source, args.host, args.port, token=token)
-        except (sources.SourceError, server.DashboardError) as exc:
-            raise UsageError(str(exc)) from None
+        # SourceError and DashboardError are ColltraceErrors: one line, exit 2
+        if args.store:
+            source = sources.StoreSource(args.store, stall_s=args.stall_s)
+        else:
+            source = sources.FolderSource(args.dir, stall_s=args.stall_s)
+        srv = server.Server(source, args.host, args.port, token=token)
         sys.stderr.write(f"colltrace: dashboard for {source.label} at {srv.url}"
                          f"{' (token required)' if token else ''}; Ctrl-C to stop\n")
         sys.stderr.flush()

@@ -48,7 +48,7 @@ class DumpCommand:
                        help="snapshot a live (even hung) job from its TCPStore (MASTER_ADDR:MASTER_PORT) into DIR")
 
     def run(self, args, parser) -> int:
-        from colltrace.commands import UsageError
+        from colltrace.errors import UsageError
 
         if args.from_store:
             from colltrace.host import storelink
@@ -59,10 +59,7 @@ class DumpCommand:
                 raise UsageError(str(exc)) from None
             sys.stderr.write(f"colltrace: wrote {path}\nnext: colltrace analyze {args.dir}\n")
             return 0
-        try:
-            traces = reader.load_traces(args.dir)
-        except reader.TraceError as exc:
-            raise UsageError(str(exc)) from None
+        traces = reader.load_traces(args.dir)   # TraceError: one line, exit 2
         ranks = {str(tr.rank): tr.all_records() for tr in traces if not args.rank or tr.rank in args.rank}
         problems = [f"rank {tr.rank}: {tr.error}" for tr in traces if tr.error]
         if args.json:

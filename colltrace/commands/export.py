@@ -4,7 +4,7 @@ import json
 import os
 import sys
 
-from colltrace.tracefile import postmortem, reader
+from colltrace.tracefile import postmortem
 
 
 class ExportCommand:
@@ -21,12 +21,9 @@ class ExportCommand:
     def run(self, args, parser) -> int:
         from colltrace.reporters import timeline
         from colltrace.analysis import culprits
-        from colltrace.commands import UsageError
+        from colltrace.errors import UsageError
 
-        try:
-            snap, findings = postmortem.analyzed(args.dir, args.prefix, args.stall_s)
-        except reader.TraceError as exc:
-            raise UsageError(str(exc)) from None
+        snap, findings = postmortem.analyzed(args.dir, args.prefix, args.stall_s)   # InputError: exit 2
         doc = timeline.build(snap, findings, culprits.explain(findings)["culprits"])
         tmp = args.perfetto + ".tmp"
         try:

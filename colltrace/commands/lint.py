@@ -17,7 +17,7 @@ class LintCommand:
 
     def run(self, args, parser) -> int:
         from colltrace.callsites import lint
-        from colltrace.commands import UsageError
+        from colltrace.errors import UsageError
 
         select = set(lint.RULES)
         if args.select:

@@ -29,7 +29,7 @@ class RunCommand:
                             "another HOST needs COLLTRACE_DASHBOARD_TOKEN; port 0 picks a free one)")
 
     def run(self, args, parser) -> int:
-        from colltrace.commands import UsageError
+        from colltrace.errors import UsageError
 
         if not args.job_argv:
             raise UsageError("nothing to run: give the job after --, e.g. colltrace run -- torchrun --nproc-per-node 4 train.py")
@@ -86,7 +86,7 @@ class RunCommand:
 
 def _dashboard_bind(text: str, env: dict) -> str:
     """--dashboard: checked before the job starts (bad address, missing extra or token: exit 2)."""
-    from colltrace.commands import UsageError
+    from colltrace.errors import UsageError
 
     try:
         host, port = config.parse_bind(text)

@@ -13,7 +13,7 @@ class WatchCommand:
         import os
 
         from colltrace import config
-        from colltrace.commands import UsageError
+        from colltrace.errors import UsageError
         from colltrace.host.watchdog import Watchdog
 
         if not os.path.isdir(args.dir):

@@ -27,19 +27,22 @@ import os
 import zlib
 from datetime import timedelta
 
+from colltrace import address
+from colltrace.errors import ColltraceError
+
 PREFIX = "colltrace/v1/"
 PUBLISH_S = 0.25
 
 
-class StoreError(Exception):
+class StoreError(ColltraceError):
     """The store cannot be reached or holds something that is not colltrace's (one line)."""
 
 
 def parse_address(text: str) -> tuple[str, int]:
-    host, sep, port = text.strip().rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise StoreError(f"{text!r} is not HOST:PORT")
-    return host.strip("[]"), int(port)
+    try:
+        return address.parse(text)
+    except address.AddressError as exc:
+        raise StoreError(str(exc)) from None
 
 
 def address_from_env(environ=os.environ) -> tuple[str, int] | None:

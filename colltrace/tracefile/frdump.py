@@ -19,6 +19,7 @@ import pickle
 import re
 
 from colltrace.rank.flightrecorder import DTYPES
+from colltrace.errors import InputError
 
 # the rank that ends a dump's file name, as torchfrtrace reads it (an extension is allowed)
 DUMP_NAME = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)(?:\.json|\.pkl|\.pickle)?$")
@@ -27,7 +28,7 @@ SAFE_BUILTINS = frozenset(("set", "frozenset", "complex", "bytearray", "slice", 
                            "int", "float", "bool", "list", "dict", "tuple"))
 
 
-class DumpError(Exception):
+class DumpError(InputError):
     """A file or folder that cannot be read as Flight Recorder dumps (one line, names the file)."""
 
 

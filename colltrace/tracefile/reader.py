@@ -15,6 +15,7 @@ from colltrace.rank import flightrecorder, identity
 from colltrace.analysis import origins
 from colltrace.tracefile import ringfile
 from colltrace.tracefile.ringfile import COMPLETE, ENTER, F_ASYNC, F_DIGEST, F_DONE, F_P2P, FAIL, RETURN, UNTRACED
+from colltrace.errors import InputError
 
 RANK_FILE = re.compile(r"rank-(\d+)\.ring$")
 FATAL_SIGNALS = {
@@ -26,7 +27,7 @@ FATAL_SIGNALS = {
 }
 
 
-class TraceError(Exception):
+class TraceError(InputError):
     """A folder or file that cannot be read as a colltrace trace (one clear line)."""
 
 

@@ -11,9 +11,10 @@ import threading
 import uvicorn
 
 from colltrace_dashboard.app import LOOPBACK_HOSTS, create_app
+from colltrace.errors import ColltraceError
 
 
-class DashboardError(Exception):
+class DashboardError(ColltraceError):
     """The dashboard cannot start (one line)."""
 
 

@@ -23,12 +23,13 @@ from colltrace.host import storelink
 from colltrace.tracefile import reader
 from colltrace.analysis import analyze
 from colltrace.model.snapshots import merge
+from colltrace.errors import InputError
 
 LIVE, POST_MORTEM = "live", "post-mortem"
 STALE_PUBLISH_S = 10.0   # store summaries older than this: the job's watchdogs stopped publishing
 
 
-class SourceError(Exception):
+class SourceError(InputError):
     """Nothing to show, and why (one line)."""
 
 
