@@ -131,7 +131,7 @@ def _stop_watchdogs(directory: str) -> None:
     import psutil
 
     for p in psutil.process_iter(["cmdline"]):
-        if "colltrace.host.watchdog" in (p.info.get("cmdline") or []) and directory in p.info["cmdline"]:
+        if "colltrace.host" in (p.info.get("cmdline") or []) and directory in p.info["cmdline"]:
             try:
                 p.wait(timeout=10)
             except psutil.TimeoutExpired:

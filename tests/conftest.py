@@ -62,7 +62,7 @@ def _kill_watchdogs(directory: str) -> None:
 
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info.get("cmdline") or []
-        if "colltrace.host.watchdog" in cmd and directory in cmd:
+        if "colltrace.host" in cmd and directory in cmd:
             try:
                 p.kill()
             except psutil.Error:

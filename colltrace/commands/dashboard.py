@@ -20,6 +20,17 @@ def require_extra() -> None:
             raise UsageError(NEEDS) from None
 
 
+def watchdog_starter():
+    """What a watchdog calls to serve the dashboard from its process (COLLTRACE_DASHBOARD), or
+    None without the `dashboard` extra: the watchdog then says in one line what to install.
+    Entry points pass it in; the watchdog itself never imports the dashboard."""
+    try:
+        from colltrace_dashboard.server import start_for_watchdog
+    except ImportError:
+        return None
+    return start_for_watchdog
+
+
 class DashboardCommand:
     name = "dashboard"
     help = ("Serve the live web dashboard (findings, ranks, groups, recent collectives, /api, /metrics) for a "

@@ -54,10 +54,13 @@ class RunCommand:
         from colltrace.host.watchdog import Watchdog
 
         # The watchdog runs here, outside the job: a launcher tearing its workers down cannot take it along.
-        watchdog = Watchdog(directory, job=None, host=None, settings=settings)
+        from colltrace.commands.dashboard import watchdog_starter
+
+        watchdog = Watchdog(directory, job=None, host=None, settings=settings,
+                            start_dashboard=watchdog_starter() if settings.dashboard else None)
         stop = threading.Event()
         if settings.dashboard:
-            watchdog.start_dashboard()   # before the job, so its address comes first
+            watchdog.serve_dashboard()   # before the job, so its address comes first
         thread = threading.Thread(target=watchdog.run, kwargs={"stop": stop}, name="colltrace-watchdog", daemon=True)
         thread.start()
         sys.stderr.write(f"colltrace: tracing into {directory}\n")

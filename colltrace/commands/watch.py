@@ -1,3 +1,4 @@
+"""`colltrace watch DIR`: a host's watchdog in the foreground, for jobs started with COLLTRACE_WATCHDOG=off."""
 from __future__ import annotations
 
 
@@ -14,8 +15,11 @@ class WatchCommand:
 
         from colltrace import config
         from colltrace.errors import UsageError
+        from colltrace.commands.dashboard import watchdog_starter
         from colltrace.host.watchdog import Watchdog
 
         if not os.path.isdir(args.dir):
             raise UsageError(f"{args.dir}: no such folder")
-        return Watchdog(args.dir, job=None, host=None, settings=config.load(), once=args.once).run()
+        settings = config.load()
+        return Watchdog(args.dir, job=None, host=None, settings=settings, once=args.once,
+                        start_dashboard=watchdog_starter() if settings.dashboard else None).run()

@@ -44,7 +44,7 @@ def ensure_watchdog(settings, rec) -> None:
         storage.warn_once("claim", f"no watchdog: cannot create {path}: {storage.describe(exc)}")
         return
     try:
-        cmd = [sys.executable, "-m", "colltrace.host.watchdog", "--dir", settings.dir, "--job", job,
+        cmd = [sys.executable, "-m", "colltrace.host", "--dir", settings.dir, "--job", job,
                "--host", settings.host, "--spawned-by", str(os.getpid())]
         _child = subprocess.Popen(cmd, env=watchdog_env(), stdin=subprocess.DEVNULL,
                                   start_new_session=True, close_fds=True)

@@ -189,7 +189,7 @@ class TestGuard:
             if new:
                 self.findings.extend(new)
                 # ranks whose files say they ended by themselves (they may still be tearing down)
-                self._abort(finished={r for r, tr in wd.node.traces.items() if tr.exit is not None})
+                self._abort(finished={p.rank for p in wd.processes() if p.ended})
         if final:
             return True
         if self.aborted_at is not None:
@@ -211,10 +211,9 @@ class TestGuard:
             return None
 
     def _remember(self, wd) -> None:
-        for rank, tr in list(wd.node.traces.items()):
-            pid = tr.meta.get("pid")
-            if pid and pid not in self._seen:
-                self._seen[pid] = (rank, float(tr.meta.get("started") or 0))
+        for p in wd.processes():
+            if p.pid and p.pid not in self._seen:
+                self._seen[p.pid] = (p.rank, p.started)
 
     def _alive(self, pid: int, started: float):
         """The process with this pid if it is still the one that wrote the trace."""

@@ -210,7 +210,7 @@ class StoreSource:
 
 
 class WatchdogSource:
-    """The leader watchdog's own latest round (Watchdog.latest), read in its process."""
+    """The leader watchdog's own latest round (Watchdog.view()), read in its process."""
 
     kind = "watchdog"
 
@@ -219,8 +219,7 @@ class WatchdogSource:
         self.label = f"watchdog of {os.path.abspath(watchdog.dir)}"
 
     def read(self) -> Reading:
-        latest = self.watchdog.latest
-        if latest is None or not latest[0].get("ranks"):
+        view = self.watchdog.view()
+        if view is None or not view.snapshot.get("ranks"):
             raise SourceError("no rank has started yet: waiting for the job's first trace")
-        snap, findings, now = latest
-        return Reading(snap, findings, now, LIVE, list(self.watchdog.findings))
+        return Reading(view.snapshot, view.findings, view.taken_at, LIVE, list(view.reported))

@@ -19,7 +19,7 @@ def kill_all(pid, directory):
     import psutil
 
     procs = [p for p in psutil.process_iter(["cmdline"])
-             if "colltrace.host.watchdog" in (p.info.get("cmdline") or []) and directory in (p.info.get("cmdline") or [])]
+             if "colltrace.host" in (p.info.get("cmdline") or []) and directory in (p.info.get("cmdline") or [])]
     try:
         parent = psutil.Process(pid)
         procs += parent.children(recursive=True) + [parent]

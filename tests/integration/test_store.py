@@ -51,19 +51,19 @@ def test_an_unreachable_store_costs_one_warning_and_the_host_is_still_watched(gl
     import threading
 
     from colltrace import config
-    from colltrace.host import watchdog
+    from colltrace.host import leader, watchdog
 
     # The watchdog alone: c10d gives up connecting after about 7 s; retried, it says so once.
-    monkeypatch.setattr(watchdog, "STORE_RETRY_S", 0.1)
+    monkeypatch.setattr(leader, "STORE_RETRY_S", 0.1)
     stream, stop = io.StringIO(), threading.Event()
     wd = watchdog.Watchdog(str(tmp_path), None, None, config.load({}), stream=stream, store_address=("127.0.0.1", 1))
     thread = threading.Thread(target=wd.run, kwargs={"stop": stop}, daemon=True)
     thread.start()
     deadline = time.time() + 60
-    while time.time() < deadline and wd._store_next_try == 0.0:
+    while time.time() < deadline and wd.store.next_try == 0.0:
         time.sleep(0.1)
-    first_failure = wd._store_next_try
-    while time.time() < deadline and wd._store_next_try == first_failure:   # a second attempt fails too
+    first_failure = wd.store.next_try
+    while time.time() < deadline and wd.store.next_try == first_failure:   # a second attempt fails too
         time.sleep(0.1)
     stop.set()
     thread.join(30)
@@ -113,7 +113,7 @@ def test_the_jobs_store_is_left_as_untraced_and_nothing_is_said(gloo_job, tmp_pa
                                            "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": str(r % 2)})
         assert job.wait(120) == [0, 0, 0, 0]
         deadline = time.time() + 30   # the watchdogs end after their ranks: wait for them
-        while time.time() < deadline and any("colltrace.host.watchdog" in (p.info["cmdline"] or [])
+        while time.time() < deadline and any("colltrace.host" in (p.info["cmdline"] or [])
                                              and any(d in (p.info["cmdline"] or []) for d in dirs.values())
                                              for p in psutil.process_iter(["cmdline"])):
             time.sleep(0.2)

@@ -1,0 +1,41 @@
+"""`python -m colltrace.host`: one host's watchdog as a process of its own (the ranks' launcher
+starts it; colltrace/rank/launcher.py)."""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from colltrace import config
+from colltrace.commands.dashboard import watchdog_starter
+from colltrace.host import storelink
+from colltrace.host.watchdog import Watchdog
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m colltrace.host")
+    p.add_argument("--dir", required=True)
+    p.add_argument("--job")
+    p.add_argument("--host")
+    p.add_argument("--spawned-by", type=int, help="the rank that started it: gone before any rank was seen, nothing to watch")
+    p.add_argument("--once", action="store_true")
+    args = p.parse_args(argv)
+    settings = config.load()
+    os.makedirs(args.dir, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+    try:
+        address = storelink.address_from_env()
+    except storelink.StoreError as exc:
+        sys.stderr.write(f"colltrace: warning: COLLTRACE_STORE: {exc}; watching without the store\n")
+        address = None
+    wd = Watchdog(args.dir, args.job, args.host, settings, once=args.once, store_address=address,
+                  start_dashboard=watchdog_starter() if settings.dashboard else None)
+    try:
+        return wd.run(spawner=args.spawned_by)
+    finally:   # SIGTERM too: never leave our key in the job's store
+        wd.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

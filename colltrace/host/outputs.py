@@ -1,0 +1,70 @@
+"""What the watchdog writes: findings.jsonl, report.txt, snapshot.json and stack files in the
+trace folder, and the paragraphs on the job's stderr. A folder that cannot be written costs one
+warning; the findings still reach the stream."""
+from __future__ import annotations
+
+import json
+import os
+
+from colltrace.reporters import text as report
+from colltrace.tracefile import storage
+
+
+class Outputs:
+    def __init__(self, directory: str, stream):
+        self.dir = directory
+        self.stream = stream
+        self._write_warned = False
+
+    def say(self, line: str) -> None:
+        self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def _write_failed(self, exc: OSError) -> None:
+        # A full or read-only folder: the findings still reach stderr (and the store); say so once.
+        if not self._write_warned:
+            self._write_warned = True
+            self.say(f"colltrace: warning: cannot write to {self.dir}: {storage.describe(exc)}; "
+                     "findings go to this output only")
+
+    def findings(self, new: list[dict], reported: list[dict], snap: dict) -> None:
+        """New findings: appended to findings.jsonl, the snapshot and report rewritten, each
+        finding's paragraph and stack classes on the stream."""
+        try:
+            with open(os.path.join(self.dir, "findings.jsonl"), "a") as f:
+                for finding in new:
+                    f.write(json.dumps(finding, default=str) + "\n")
+            self.json("snapshot.json", snap)
+            self.report(reported)
+        except OSError as exc:
+            self._write_failed(exc)
+        for finding in new:
+            classes = report.render_stack_classes(finding)
+            self.stream.write("\n" + report.paragraph(finding) + "\n" + (classes + "\n" if classes else ""))
+        self.say(f"colltrace: details in {self.dir}/report.txt; run: colltrace analyze {self.dir}")
+
+    def report(self, reported: list[dict]) -> None:
+        with open(os.path.join(self.dir, "report.txt"), "w") as f:
+            f.write(report.render_report(reported))
+
+    def json(self, name: str, obj, warn: bool = True) -> None:
+        """Replaced whole (written aside, then renamed): a reader never sees half a file."""
+        tmp = os.path.join(self.dir, f".{name}.tmp")
+        try:
+            with open(tmp, "w") as f:
+                json.dump(obj, f, default=str)
+            os.replace(tmp, os.path.join(self.dir, name))
+        except OSError as exc:   # the previous version stays whole
+            if warn:
+                self._write_failed(exc)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+    def stacks(self, rank: int, text: str) -> None:
+        try:
+            with open(os.path.join(self.dir, f"rank-{rank:05d}.stacks.txt"), "w") as f:
+                f.write(text)
+        except OSError as exc:
+            self._write_failed(exc)
