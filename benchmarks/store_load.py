@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from scale import synthetic_snapshot  # noqa: E402
 
 from colltrace.host import storelink  # noqa: E402
-from colltrace.model.snapshots import compact_entry, merge  # noqa: E402
+from colltrace.model.build import compact_entry, merge  # noqa: E402
 
 
 def pct(values, q):

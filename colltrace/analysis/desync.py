@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from colltrace.reporters.text import frame_text, rank_word
 from colltrace.analysis.view import Snapshot, to_int
+from colltrace.model.schema import COMPLETED
 
 MAX_WARNINGS = 20
 
@@ -31,7 +32,7 @@ def find(snap: Snapshot) -> list[dict]:
         own_frames[rank] = view.origins.user_frames   # classified by the rank's recorded roots
         for r in view.records:
             try:
-                if r.get("p2p") or r.get("op") == "untraced" or r.get("state") != "completed":
+                if r.get("p2p") or r.get("op") == "untraced" or r.get("state") != COMPLETED:
                     continue
                 by_coll.setdefault((str(r["group"]), to_int(r["seq"])), {})[rank] = r
             except (AttributeError, KeyError, TypeError, ValueError):

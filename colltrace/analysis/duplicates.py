@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from colltrace.analysis.view import Snapshot, to_int
+from colltrace.model.schema import COMPLETED
 
 MIN_CALLS = 3          # identical calls at one place before it is called a pattern
 MIN_SHARE = 0.9        # of the calls seen at that place
@@ -46,7 +47,7 @@ def find(snap: Snapshot) -> list[Site]:
             continue   # the common case: digests off, nothing to read
         for r in view.records:
             try:
-                if r.get("digest") is None or r.get("state") != "completed":
+                if r.get("digest") is None or r.get("state") != COMPLETED:
                     continue
                 by_coll.setdefault((str(r["group"]), to_int(r["seq"])), {})[rank] = r
             except (AttributeError, KeyError, TypeError, ValueError):

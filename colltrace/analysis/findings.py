@@ -15,6 +15,7 @@ from colltrace.analysis import duplicates
 from colltrace.analysis.matching import Mismatch, check_collective
 from colltrace.analysis.view import PENDING, Rec, RankView, Snapshot, to_int
 from colltrace.analysis.waitgraph import Key, WaitGraph, coll_name
+from colltrace.model.schema import EXITED, IN_FLIGHT, NOT_IN_COLLECTIVE, UNKNOWN, UNREADABLE, WAITING
 
 MAX_ALSO_MISSING = 64   # other absent members described in a dead_rank finding (all are listed)
 MISMATCH_SETTLE_S = 0.3  # a mismatch waits this long after the last arrival for members still coming
@@ -97,7 +98,7 @@ class Verdicts:
             # A rank that died of a signal is the first cause: a peer's exception at the same time
             # ("Connection closed by peer" from DDP's untraced all-reduce) is its consequence, even
             # when that exception is read before the crash is seen.
-            dead = {r for r in dead if not (self.snap.ranks[r].status == "exited"
+            dead = {r for r in dead if not (self.snap.ranks[r].status == EXITED
                                             and (self.snap.ranks[r].exit or {}).get("exception"))}
         for rank in sorted(dead):
             made.append(self._dead(rank))
@@ -236,7 +237,7 @@ class Verdicts:
         """Where a rank is: its newest blocking call, else (without a live stack to show) its
         newest async op."""
         for r in reversed(view.pending):
-            if r.state == "waiting":
+            if r.state == WAITING:
                 return r
         if view.pending and not (view.stack and not view.dead):
             return view.pending[-1]
@@ -247,8 +248,8 @@ class Verdicts:
         v = self.snap.ranks.get(rank)
         if v is None:
             if rank in self.snap.unreadable:
-                return {"state": "unreadable", "status": "unreadable", "error": self.snap.unreadable[rank]}
-            return {"state": "unknown", "status": "unknown", "error": "no trace of this rank in the snapshot"}
+                return {"state": UNREADABLE, "status": UNREADABLE, "error": self.snap.unreadable[rank]}
+            return {"state": UNKNOWN, "status": UNKNOWN, "error": "no trace of this rank in the snapshot"}
         if rec is None and where:
             rec = self.current(v)
         if rec is not None:
@@ -266,13 +267,13 @@ class Verdicts:
                 e = dict(rec)
             e["state"] = str(e.get("state"))
         else:
-            e = {"state": "not_in_collective", "frames": v.stack or []}
+            e = {"state": NOT_IN_COLLECTIVE, "frames": v.stack or []}
             if v.stack:
                 e["stack_at"] = v.entry.get("stack_at")
             else:
                 e["note"] = "no live stack available"
             _probe_fields(e, v.entry)
-            flight = [_compact(r.raw) for r in v.pending if r.state == "in_flight"]
+            flight = [_compact(r.raw) for r in v.pending if r.state == IN_FLIGHT]
             if flight:
                 e["in_flight"] = flight[-3:]   # async work it issued and that has not completed
             last = _compact(v.last_record())
@@ -569,7 +570,7 @@ class Verdicts:
         was seen waiting. Their own exceptions, consequences, name no rank and get no finding."""
         out = set()
         for rank, view in self.snap.ranks.items():
-            if (rank not in dead and view.status == "exited" and (view.exit or {}).get("exception") and view.cause
+            if (rank not in dead and view.status == EXITED and (view.exit or {}).get("exception") and view.cause
                     and not view.failed):   # its own collective failed first: a consequence
                 if any(item["missing"] for item in self._failed_because(rank)):
                     out.add(rank)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import bisect
 
 from colltrace.analysis import origins
+from colltrace.model.schema import COMPLETED, DEAD, EXITED, FAILED, PENDING, UNREADABLE, WAITING
 
-PENDING = frozenset(("waiting", "in_flight"))
-PENDING_OR_FAILED = PENDING | {"failed"}
+PENDING_OR_FAILED = PENDING | {FAILED}
 # What the backend runs for a p2p op -> what the peer must post to match it.
 MATCHING_OP = {"send": "recv", "recv": "send", "batch_p2p": "batch_p2p"}
 # A rank killed from outside within this many seconds after another rank ended (or this many
@@ -90,7 +90,7 @@ class RankView:
         self.pid = entry.get("pid")
         # where this rank's torch, stdlib and packages are: tells its own frames from the rest
         self.origins = origins.for_roots(entry.get("roots"))
-        if self.status == "unreadable":
+        if self.status == UNREADABLE:
             raise Unreadable(str(entry.get("error") or "unreadable"))
         ex = entry.get("exit")
         self.exit = ex if isinstance(ex, dict) else None
@@ -110,9 +110,9 @@ class RankView:
         fault = entry.get("fault")
         if not self.stack and isinstance(fault, dict):
             self.stack = _frames(fault.get("frames"))
-        self.dead = self.status in ("dead", "exited")
+        self.dead = self.status in (DEAD, EXITED)
         # died of its own fatal signal (faulthandler saw it), as opposed to killed from outside
-        self.fatal = self.status == "dead" and bool(self.exit and self.exit.get("signal"))
+        self.fatal = self.status == DEAD and bool(self.exit and self.exit.get("signal"))
         died = entry.get("died_at")
         self.died_at = float(died) if isinstance(died, (int, float)) and not isinstance(died, bool) else None
         self._entered: dict[str, int] = {}
@@ -120,12 +120,12 @@ class RankView:
         self._last_active = None
         self._complete = None
         try:  # the common case, at C speed: every record a dict with a state
-            chosen = [r for r in recs if r["state"] != "completed"]
+            chosen = [r for r in recs if r["state"] != COMPLETED]
         except (KeyError, TypeError):
-            chosen = [r for r in recs if isinstance(r, dict) and r.get("state") != "completed"]
+            chosen = [r for r in recs if isinstance(r, dict) and r.get("state") != COMPLETED]
         chosen = [r for r in chosen if r.get("state") in PENDING_OR_FAILED] if chosen else chosen
-        self.pending = self._current_pending([Rec(rank, r) for r in chosen if r["state"] != "failed"])
-        self.failed = [r for r in chosen if r["state"] == "failed"]
+        self.pending = self._current_pending([Rec(rank, r) for r in chosen if r["state"] != FAILED])
+        self.failed = [r for r in chosen if r["state"] == FAILED]
         self.classify(teardown=False)
 
     def classify(self, teardown: bool) -> None:
@@ -134,7 +134,7 @@ class RankView:
         failure, COLLTRACE_ON_HANG=abort) keeps its last state: it was waiting when it died, and
         that wait still tells the story. A rank that crashed, exited, or was killed alone while
         the job lives is a sink (it will never enter anything again) and a cause of its own."""
-        killed = self.status == "dead" and not self.fatal
+        killed = self.status == DEAD and not self.fatal
         self.teardown = killed and teardown
         self.frozen = self.teardown and bool(self.pending)
         self.sink = self.dead and not self.frozen
@@ -144,7 +144,7 @@ class RankView:
     def _current_pending(self, pend: list[Rec]) -> list[Rec]:
         if not pend:
             return pend
-        waiting = [r for r in pend if r.state == "waiting"]
+        waiting = [r for r in pend if r.state == WAITING]
         if len(waiting) > 1:
             # a thread is in one blocking call at a time: an older "waiting" one has returned
             latest: dict[str, Rec] = {}
@@ -153,7 +153,7 @@ class RankView:
                 if have is None or (r.entered_at, _id(r)) > (have.entered_at, _id(have)):
                     latest[r.thread] = r
             keep = set(map(id, latest.values()))
-            pend = [r for r in pend if r.state != "waiting" or id(r) in keep]
+            pend = [r for r in pend if r.state != WAITING or id(r) in keep]
         # its group completed this number or a later one: done, whatever the record says
         out = [r for r in pend if r.p2p or r.seq > self.completed(r.group)]
         if len(out) > 1:
@@ -277,7 +277,7 @@ class RankView:
                 op = str(u.get("op") or "unknown")
                 return {"id": None, "rank": self.rank, "group": group, "seq": seq, "seq_end": seq, "op": op,
                         "backend_op": str(u.get("backend_op") or op.replace("_", "")), "p2p": False, "peer": None,
-                        "state": "waiting", "async": False, "entered_at": float(u.get("t") or 0.0),
+                        "state": WAITING, "async": False, "entered_at": float(u.get("t") or 0.0),
                         "returned_at": None, "completed_at": None, "shapes": u.get("shapes") or [],
                         "dtypes": u.get("dtypes") or [], "reduce_op": None, "root": None, "count": 1,
                         "thread": "", "frames": self.stack or [], "untraced": True}
@@ -350,7 +350,7 @@ class Snapshot:
         dead = [v for v in self.ranks.values() if v.dead]
         times = sorted(v.died_at for v in dead if v.died_at is not None)
         for v in dead:
-            if v.status != "dead" or v.fatal:
+            if v.status != DEAD or v.fatal:
                 continue
             if v.died_at is None:
                 teardown = len(dead) > 1

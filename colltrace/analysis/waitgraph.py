@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from colltrace.analysis.matching import p2p_status
 from colltrace.analysis.view import Rec, Snapshot
+from colltrace.model.schema import WAITING
 
 # A blocking call younger than this does not count as blocked yet: ranks are read a few ms
 # apart, and a root that is about to return (its sends buffered) must not close a cycle.
@@ -127,7 +128,7 @@ class WaitGraph:
         waiting, flight = [], []
         for r in view.pending:
             if r.entered_at <= settled:
-                (waiting if r.state == "waiting" else flight).append(r.key)
+                (waiting if r.state == WAITING else flight).append(r.key)
         # Async work counts only where it waits for ranks: an op every member entered does not
         # say whom the rank waits for, and must not make an idle rank look blocked by it.
         flight = [k for k in flight if k.waits_for_ranks]

@@ -6,7 +6,7 @@ import threading
 import time
 
 from colltrace.host import meeting, storelink
-from colltrace.model.snapshots import compact_entry
+from colltrace.model.build import compact_entry
 from colltrace.reporters.text import format_ranks
 
 STORE_RETRY_S = 5.0

@@ -6,6 +6,7 @@ import os
 import time
 
 from colltrace.host import probes
+from colltrace.model import build
 from colltrace.rank import flightrecorder
 from colltrace.tracefile import reader
 
@@ -104,27 +105,10 @@ class NodeView:
 
     def entry(self, rank: int) -> dict:
         tr = self.traces[rank]
-        e = tr.snapshot_entry()
-        recs = e["records"]
-        if len(recs) > SUMMARY_RECORDS:
-            e["records"] = [r for r in recs[:-SUMMARY_RECORDS] if r["state"] in ("waiting", "in_flight")] + recs[-SUMMARY_RECORDS:]
-        if rank in self.died_at:
-            e["died_at"] = self.died_at[rank]
-            if e["status"] == "unknown":
-                e["status"] = "dead"
-                e["exit"] = {"signal": None, "note": "gone without a trace: killed (SIGKILL/SIGTERM) or exited in native code"}
-        elif e["status"] == "unknown":
-            e["status"] = "alive"
-        live = self.live_stacks.get(rank)
-        if live and e["status"] == "alive" and live[0] >= tr.last_event_t:
-            e["stack_at"], e["stack"] = live[0], live[1]   # only while the rank has done nothing since it was taken
-            e["stack_via"] = live[2]
-        elif live and live[3] and e["status"] == "alive" and not e.get("stack"):
-            e["stack_errors"] = live[3]
         act = self.activity.get(rank)
-        if act is not None and act.procs and e["status"] == "alive":
-            e["activity"] = act.classify()
-        return e
+        return build.host_entry(tr.snapshot_entry(), keep_records=SUMMARY_RECORDS, died_at=self.died_at.get(rank),
+                                live_stack=self.live_stacks.get(rank), last_event_t=tr.last_event_t,
+                                activity=act.classify() if act is not None and act.procs else None)
 
     def summary(self) -> dict:
         return {"host": self.host, "t": time.time(), "groups": reader.groups_of(self.traces.values()),

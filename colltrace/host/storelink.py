@@ -282,7 +282,7 @@ def snapshot_to_folder(address: str, directory: str) -> str:
     summaries = link.node_summaries()
     if not summaries:
         raise StoreError(f"the store at {address} holds no colltrace state (is the job running with COLLTRACE=1?)")
-    from colltrace.model.snapshots import merge
+    from colltrace.model.build import merge
 
     snap = merge(summaries, time.time())
     snap["findings"] = link.findings()

@@ -22,7 +22,7 @@ from colltrace.host.actions import OnHang
 from colltrace.host.leader import Exchange
 from colltrace.host.nodeview import NodeView, process_gone
 from colltrace.host.outputs import Outputs
-from colltrace.model.snapshots import merge, suspects
+from colltrace.model.build import merge, suspects
 from colltrace.reporters.text import activity_lines
 
 WATCHDOG_NICE = 10            # scheduling priority of the watchdog's threads (0 = the ranks')

@@ -12,6 +12,7 @@ import re
 from collections import Counter
 
 from colltrace.analysis.origins import FRAMEWORK, USER, for_roots, origin_of
+from colltrace.model.schema import DEAD, EXITED, FAILED, NOT_IN_COLLECTIVE, UNKNOWN, UNREADABLE
 
 PENDING_STATES = ("waiting", "in_flight")
 MAX_CLASSES = 12          # stack classes shown per finding; the rest are counted
@@ -227,7 +228,7 @@ def seconds(x) -> str:
 def _exit_text(e: dict) -> str:
     """"died of SIGSEGV", "exited with code 1 (ValueError: bad batch)", "was killed (…)"."""
     ex = e.get("exit") if isinstance(e.get("exit"), dict) else {}
-    if e.get("status") == "exited" or e.get("state") == "exited":
+    if e.get("status") == EXITED or e.get("state") == EXITED:
         code = ex.get("code")
         text = f"exited with code {code}" if code is not None else "exited"
         if ex.get("exception"):
@@ -251,7 +252,7 @@ def classes(finding: dict, ranks, key=None) -> list[tuple[list[int], dict]]:
     table = finding.get("ranks") or {}
     key = key or (lambda e: (e.get("state"), e.get("op"), e.get("group"), e.get("seq"), e.get("peer"), where(e)))
     groups: dict = {}
-    unknown = {"state": "unknown"}
+    unknown = {"state": UNKNOWN}
     for r in _sorted_ranks(ranks):
         e = table.get(str(r)) or unknown
         k = key(e)
@@ -292,11 +293,11 @@ def _where_instead(finding: dict, rs: list[int], e: dict) -> str:
     """What ranks that did not arrive are doing instead (one clause)."""
     who = rank_word(rs)
     state = e.get("state")
-    if state == "unreadable":
+    if state == UNREADABLE:
         return f"{who} could not be read ({e.get('error') or 'unreadable'})"
-    if state == "unknown":
+    if state == UNKNOWN:
         return f"{who} {_verb(rs, 'has', 'have')} no trace in this snapshot (another host, or not started)"
-    if state in ("dead", "exited"):
+    if state in (DEAD, EXITED):
         text = f"{who} {_exit_text(e)}"
         if e.get("op"):
             text += f" in {op_phrase(finding, e, full_group=False)} at {where(e)}"
@@ -414,7 +415,7 @@ def _deadlock(f: dict) -> str:
     head = f"Deadlock across groups {_and(groups)}: " if len(groups) > 1 else f"Deadlock on group {_and(groups or ['?'])}: "
     text = head + ": ".join(clauses) + (f". Nobody in this cycle can proceed (the longest has waited "
                                         f"{seconds(f.get('waited_s'))}).")
-    dead = [int(r) for r, e in (f.get("ranks") or {}).items() if e.get("state") in ("dead", "exited")]
+    dead = [int(r) for r, e in (f.get("ranks") or {}).items() if e.get("state") in (DEAD, EXITED)]
     if dead:
         text += f" {_cap(rank_word(dead))} {_verb(dead, 'has', 'have')} died since."
     return text + _behind(f)
@@ -453,7 +454,7 @@ def _stall(f: dict) -> str:
     instead = _missing_text(f, missing)
     text = (f"Stall: {_waiters_clause(f, waiting, f'has waited {waited}', f'have waited {waited}')}"
             f" for {rank_word(missing)}, which {_verb(missing, 'has', 'have')} not entered it. {_cap(instead)}.")
-    dead = [r for r in waiting if (table.get(str(r)) or {}).get("state") in ("dead", "exited")]
+    dead = [r for r in waiting if (table.get(str(r)) or {}).get("state") in (DEAD, EXITED)]
     if dead:
         text += f" {_cap(rank_word(dead))} {_verb(dead, 'has', 'have')} died since, still waiting."
     text += _activity(f, missing)
@@ -658,7 +659,7 @@ def _advice_stall(f: dict, look: dict) -> str:
     rs = look.get("ranks") or []
     e = table.get(str(look.get("rank"))) or {}
     who = rank_word(rs)
-    if e.get("state") in ("unreadable", "unknown"):
+    if e.get("state") in (UNREADABLE, UNKNOWN):
         return f"Look first at {who}: {_its(rs)} trace could not be read, and {goal} waits for {_verb(rs, 'it', 'them')}."
     if _thread_deaths(e):
         return _thread_death_advice(e, who, goal)
@@ -763,24 +764,24 @@ def _stack_tail(e: dict) -> str:
             tail = f"{e['op']} {_direction(e)} rank {e['peer']} (#{e.get('seq')}) on group {e.get('group')}"
         else:
             tail = f"{e['op']} #{e.get('seq')} on group {e.get('group')}"
-        if state == "failed":
+        if state == FAILED:
             tail += " (failed)"
-    elif state == "not_in_collective":
+    elif state == NOT_IN_COLLECTIVE:
         tail = "(in no collective)" if e.get("frames") else "(in no collective; no live stack)"
-    elif state in ("dead", "exited"):
+    elif state in (DEAD, EXITED):
         tail = ""
     else:
         tail = f"({state})"
-    if state in ("dead", "exited"):
+    if state in (DEAD, EXITED):
         tail = (tail + " " if tail else "") + f"[{_exit_text(e)}]"
     return tail
 
 
 def _stack_label(e: dict) -> str:
     state = e.get("state")
-    if state == "unreadable":
+    if state == UNREADABLE:
         return f"(unreadable: {e.get('error') or '?'})"
-    if state == "unknown":
+    if state == UNKNOWN:
         return "(no trace)"
     return " → ".join(_stack_chain(e.get("frames")) + [_stack_tail(e)])
 

@@ -10,12 +10,14 @@ whole trace, one on each rank it involves, one more on each culprit.
 """
 from __future__ import annotations
 
+from colltrace.model.schema import COMPLETED, FAILED
+
 PENDING = ("waiting", "in_flight", "queued")
 
 
 def _end(r: dict, taken_at: float) -> tuple[float, bool]:
     """(when the slice ends, whether it never did)."""
-    for key in ("completed_at", "returned_at") if r.get("state") in ("completed", "failed") else ("completed_at",):
+    for key in ("completed_at", "returned_at") if r.get("state") in (COMPLETED, FAILED) else ("completed_at",):
         t = r.get(key)
         if isinstance(t, (int, float)) and t:
             return float(t), False

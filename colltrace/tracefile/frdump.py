@@ -20,6 +20,7 @@ import re
 
 from colltrace.rank.flightrecorder import DTYPES
 from colltrace.errors import InputError
+from colltrace.model.schema import COMPLETED, IN_FLIGHT, UNKNOWN
 
 # the rank that ends a dump's file name, as torchfrtrace reads it (an extension is allowed)
 DUMP_NAME = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)(?:\.json|\.pkl|\.pickle)?$")
@@ -197,7 +198,7 @@ def to_snapshot(dumps: dict[int, dict], source: str = "") -> dict:
             p2p = bool(e.get("is_p2p")) if "is_p2p" in e else peer_local is not None
             seq = _int(e.get("collective_seq_id", e.get("seq_id")), 0)
             p = progress.setdefault(name, {"entered": 0, "completed": 0})
-            done = e.get("state") == "completed" or e.get("retired") is True
+            done = e.get("state") == "completed" or e.get("retired") is True   # the recorder's own word
             if not p2p:
                 p["entered"] = max(p["entered"], seq)
                 if done:
@@ -211,7 +212,7 @@ def to_snapshot(dumps: dict[int, dict], source: str = "") -> dict:
                 peer = members[peer_local] if peer_local < len(members) else None
             dtypes = [DTYPES.get(str(x), str(x).lower()) for x in e.get("input_dtypes") or ()]
             r = {"id": len(records) + 1, "rank": rank, "group": name, "seq": seq, "seq_end": seq, "op": op,
-                 "backend_op": op.replace("_", ""), "p2p": p2p, "peer": peer, "state": "in_flight", "async": True,
+                 "backend_op": op.replace("_", ""), "p2p": p2p, "peer": peer, "state": IN_FLIGHT, "async": True,
                  "entered_at": t, "returned_at": t, "completed_at": None,
                  "shapes": [list(s) for s in e.get("input_sizes") or () if isinstance(s, (list, tuple))],
                  "dtypes": dtypes, "reduce_op": None, "root": None, "count": 1,
@@ -223,9 +224,9 @@ def to_snapshot(dumps: dict[int, dict], source: str = "") -> dict:
             records.append(r)
         head: set[tuple] = set()
         for r in records:
-            if not r["p2p"] and r["state"] != "completed" and r["seq"] <= progress[r["group"]]["completed"]:
+            if not r["p2p"] and r["state"] != COMPLETED and r["seq"] <= progress[r["group"]]["completed"]:
                 r["state"], r["completed_at"] = "completed", r["completed_at"] or r["entered_at"]
-            if r["state"] != "completed":
+            if r["state"] != COMPLETED:
                 # A group's work runs in order on its stream (p2p: per peer): only the oldest
                 # unfinished op there is waited on; the later ones are queued behind it.
                 lane = (r["group"], r["p2p"] and r["peer"])
@@ -238,14 +239,14 @@ def to_snapshot(dumps: dict[int, dict], source: str = "") -> dict:
             # not match the peer's. Pending ops between a pair match in order, so number the ones
             # not completed per (group, peer, op) from 1: the peer's count of pending matches says
             # whether it posted this one. Completed ones are 0.
-            if r["state"] == "completed":
+            if r["state"] == COMPLETED:
                 r["seq"] = r["seq_end"] = 0
             else:
                 k = (r["group"], r["peer"], r["backend_op"])
                 pair_count[k] = pair_count.get(k, 0) + 1
                 r["seq"] = r["seq_end"] = pair_count[k]
         ranks[str(rank)] = {
-            "rank": rank, "status": "unknown", "exit": None, "died_at": None, "heartbeat": None, "error": None,
+            "rank": rank, "status": UNKNOWN, "exit": None, "died_at": None, "heartbeat": None, "error": None,
             "pid": None, "host": None, "progress": progress, "records": records, "stack": None, "stack_at": None,
             "fault": None, "stall_s": 0.0, "flight_recorder": {"version": str(d.get("version")), "source": source}}
     return {"version": 1, "taken_at": taken_at, "groups": groups, "ranks": ranks,

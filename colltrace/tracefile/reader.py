@@ -16,6 +16,8 @@ from colltrace.analysis import origins
 from colltrace.tracefile import ringfile
 from colltrace.tracefile.ringfile import COMPLETE, ENTER, F_ASYNC, F_DIGEST, F_DONE, F_P2P, FAIL, RETURN, UNTRACED
 from colltrace.errors import InputError
+from colltrace.model import build, schema
+from colltrace.model.schema import COMPLETED, IN_FLIGHT
 
 RANK_FILE = re.compile(r"rank-(\d+)\.ring$")
 FATAL_SIGNALS = {
@@ -193,7 +195,7 @@ class RankTrace:
                 "id": rec_id, "rank": self.rank, "group": self._group_name(gid), "seq": seq, "seq_end": seq,
                 "op": sig.get("op", "unknown"), "backend_op": sig.get("backend_op", "unknown"),
                 "p2p": p2p, "peer": peer if peer is not None and peer >= 0 else None,
-                "state": "in_flight" if is_async else "waiting", "async": is_async,
+                "state": IN_FLIGHT if is_async else "waiting", "async": is_async,
                 "entered_at": t, "returned_at": None, "completed_at": None,
                 "shapes": [list(x) for x in sig.get("shapes", [])], "dtypes": list(sig.get("dtypes", [])),
                 "reduce_op": sig.get("reduce_op"), "root": root if root is not None and root >= 0 else None,
@@ -209,7 +211,7 @@ class RankTrace:
         elif kind == UNTRACED:
             group = self._group_name(gid)
             r = {"id": -(self._untraced + 1), "rank": self.rank, "group": group, "seq": seq, "seq_end": seq + aux - 1,
-                 "op": "untraced", "backend_op": "untraced", "p2p": False, "peer": None, "state": "completed",
+                 "op": "untraced", "backend_op": "untraced", "p2p": False, "peer": None, "state": COMPLETED,
                  "async": False, "entered_at": t, "returned_at": t, "completed_at": t, "shapes": [], "dtypes": [],
                  "reduce_op": None, "root": None, "count": aux, "thread": "", "frames": []}
             self._untraced += 1
@@ -254,7 +256,7 @@ class RankTrace:
         self._bump(r["group"], "completed", r["seq_end"])
         # Work on one group completes in order: earlier in-flight ops on it are done too.
         for other in list(self.open.values()):
-            if other["group"] == r["group"] and not other["p2p"] and other["seq"] < r["seq"] and other["state"] == "in_flight":
+            if other["group"] == r["group"] and not other["p2p"] and other["seq"] < r["seq"] and other["state"] == IN_FLIGHT:
                 other["state"] = "completed"
                 other["completed_at"] = other["completed_at"] or t
                 self.open.pop(other["id"], None)
@@ -327,51 +329,21 @@ class RankTrace:
         # unreadable, never as dead or stuck at its last record. `dump` still shows its records.
         error = self.error or (self.ring.stopped and "tracing stopped on this rank (its trace folder is full)")
         if error:
-            return {"rank": self.rank, "status": "unreadable", "error": error, "records": [], "progress": {},
-                    "pid": None, "host": None, "exit": None, "died_at": None, "heartbeat": None,
-                    "stack": None, "stack_at": None, "fault": None}
+            return build.unreadable_entry(self.rank, error)
         status, exit_info = self.status()
-        fault = self.fault()
-        entry = {
-            "rank": self.rank, "pid": self.meta.get("pid"), "host": self.meta.get("host"), "job": self.meta.get("job"),
-            "status": status, "exit": exit_info, "died_at": None,
-            "heartbeat": self.ring.heartbeat or None, "error": None,
-            "progress": {g: dict(p) for g, p in self.progress.items()},
-            "records": self.all_records(), "stack": None, "stack_at": None,
-            "fault": None, "lost_slots": self.ring.lost, "stall_s": self.meta.get("stall_s"),
-        }
-        if origins.valid_roots(self.meta.get("roots")):
-            entry["roots"] = self.meta["roots"]   # where its torch, stdlib and packages are
-        if self.digests:
-            entry["digests"] = True
-        untraced = flightrecorder.untraced_since(self.flight_recorder(), entry["progress"])
-        if untraced:
-            # Entered without colltrace seeing it (DDP's C++ all-reduces): the Flight Recorder says
-            # what, and the rank has entered those numbers, whatever the trace alone says.
-            entry["untraced"] = untraced
-            for u in untraced:
-                p = entry["progress"].setdefault(u["group"], {"entered": 0, "completed": 0})
-                p["entered"] = max(p["entered"], u["seq"])
-        if fault:
-            entry["fault"] = fault
-            if fault["frames"]:
-                entry["stack"] = fault["frames"]
-        if self.exception:
-            entry["exception"] = self.exception
-            if not entry["stack"] and self.exception.get("frames"):
-                entry["stack"] = self.exception["frames"]   # where it raised: the line the report names
-        if self.thread_exceptions:
-            entry["thread_exceptions"] = self.thread_exceptions
-        return entry
+        progress = {g: dict(p) for g, p in self.progress.items()}
+        return build.rank_entry(
+            self.rank, self.meta, status, exit_info, heartbeat=self.ring.heartbeat, progress=progress,
+            records=self.all_records(), lost_slots=self.ring.lost, roots_ok=origins.valid_roots(self.meta.get("roots")),
+            digests=self.digests, untraced=flightrecorder.untraced_since(self.flight_recorder(), progress),
+            fault=self.fault(), exception=self.exception, thread_exceptions=self.thread_exceptions)
 
 
 def job_stall_s(snap: dict, default: float | None = None) -> float:
-    """The COLLTRACE_STALL_S the job ran with (each rank's entry carries it), so that an analysis
-    after the fact agrees with the live one; else `default`, else this environment's setting."""
-    for entry in (snap.get("ranks") or {}).values():
-        v = entry.get("stall_s") if isinstance(entry, dict) else None
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0:
-            return float(v)
+    """The job's own COLLTRACE_STALL_S (model/build.py), else `default`, else this environment's."""
+    v = build.job_stall_s(snap)
+    if v is not None:
+        return v
     if default is not None:
         return default
     from colltrace import config
@@ -380,11 +352,7 @@ def job_stall_s(snap: dict, default: float | None = None) -> float:
 
 
 def groups_of(traces) -> dict[str, dict]:
-    out = {}
-    for tr in traces:
-        for g in tr.groups.values():
-            out.setdefault(g["name"], {"name": g["name"], "desc": g["desc"], "ranks": g["ranks"]})
-    return out
+    return build.groups_of(tr.groups for tr in traces)
 
 
 def _newest_job(traces: list[RankTrace]) -> list[RankTrace]:
@@ -411,38 +379,24 @@ def load_traces(directory: str, window: int | None = None) -> list[RankTrace]:
     return _newest_job(traces)
 
 
+def read_saved(directory: str) -> dict | None:
+    """snapshot.json, written by a live watchdog or `colltrace dump --from-store`; None if absent."""
+    path = os.path.join(directory, "snapshot.json")
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            return schema.loads(f.read(), where=path)
+    except OSError as exc:
+        raise TraceError(f"{path}: not a readable snapshot ({exc})") from None
+    except schema.SnapshotError as exc:
+        raise TraceError(str(exc)) from None
+
+
 def load_snapshot(directory: str) -> dict:
     """The analyzer's input, from the files alone. A snapshot.json written by a live
     watchdog or `colltrace dump --from-store` supplies what files cannot (liveness, live stacks)."""
-    saved = None
-    path = os.path.join(directory, "snapshot.json")
-    if os.path.exists(path):
-        try:
-            with open(path) as f:
-                saved = json.load(f)
-        except (OSError, ValueError) as exc:
-            raise TraceError(f"{path}: not a readable snapshot ({exc})") from None
-        if not isinstance(saved, dict) or not isinstance(saved.get("ranks"), dict):
-            raise TraceError(f"{path}: not a colltrace snapshot (no 'ranks' table)")
+    saved = read_saved(directory)
     traces = load_traces(directory) if rank_files(directory) else []
-    snap = {"version": 1, "taken_at": 0.0, "groups": groups_of(traces), "ranks": {}}
-    for tr in traces:
-        snap["ranks"][str(tr.rank)] = tr.snapshot_entry()
-    if saved is not None:
-        snap["groups"] = {**saved.get("groups", {}), **snap["groups"]}
-        for rank, entry in saved["ranks"].items():
-            mine = snap["ranks"].get(rank)
-            if mine is None or mine["status"] == "unreadable":
-                snap["ranks"][rank] = entry
-                continue
-            # the live view knows liveness and live stacks; the files know the final records
-            for key in ("status", "exit", "died_at", "stack", "stack_at", "pid", "host"):
-                if entry.get(key) is not None and not (key == "status" and mine["status"] in ("dead", "exited")):
-                    mine[key] = entry[key]
-        snap["taken_at"] = float(saved.get("taken_at") or 0.0)
-    last_seen = [snap["taken_at"]]
-    for e in snap["ranks"].values():
-        last_seen.append(e.get("heartbeat") or 0.0)
-        last_seen.extend(r.get("completed_at") or r.get("entered_at") or 0.0 for r in e.get("records", [])[-3:])
-    snap["taken_at"] = max(last_seen)
-    return snap
+    entries = {str(tr.rank): tr.snapshot_entry() for tr in traces}
+    return build.from_files(entries, groups_of(traces), saved)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from colltrace.model.schema import ALIVE, COMPLETED
 
 # The *_created series would double the output for no use here (this process serves nothing else).
 prometheus_client.disable_created_metrics()
@@ -63,7 +64,7 @@ class Metrics:
             if not isinstance(entry, dict):
                 continue
             rank = str(rank)
-            self.alive.labels(rank).set(1 if entry.get("status") == "alive" else 0)
+            self.alive.labels(rank).set(1 if entry.get("status") == ALIVE else 0)
             if isinstance(entry.get("heartbeat"), (int, float)) and entry["heartbeat"]:
                 self.heartbeat.labels(rank).set(entry["heartbeat"])
             records = [x for x in entry.get("records") or [] if isinstance(x, dict)]
@@ -113,7 +114,7 @@ class Metrics:
                 n = x.get("count") if x.get("op") == "untraced" and isinstance(x.get("count"), int) else 1
                 self.collectives.labels(str(x.get("group")), op).inc(n)
             done, entered = x.get("completed_at"), x.get("entered_at")
-            if (rid not in timed and x.get("state") == "completed" and op != "untraced"
+            if (rid not in timed and x.get("state") == COMPLETED and op != "untraced"
                     and isinstance(done, (int, float)) and isinstance(entered, (int, float))):
                 timed.add(rid)
                 self.duration.labels(op).observe(max(0.0, done - entered))

@@ -22,7 +22,8 @@ from colltrace import config
 from colltrace.host import storelink
 from colltrace.tracefile import reader
 from colltrace.analysis import analyze
-from colltrace.model.snapshots import merge
+from colltrace.model import build
+from colltrace.model.build import merge
 from colltrace.errors import InputError
 
 LIVE, POST_MORTEM = "live", "post-mortem"
@@ -131,16 +132,7 @@ class FolderSource:
                     self._saved = (mtime, json.load(f))
         except (OSError, ValueError):
             return
-        saved = self._saved[1].get("ranks") if isinstance(self._saved[1], dict) else None
-        if not isinstance(saved, dict):
-            return
-        for rank, entry in snap["ranks"].items():
-            theirs = saved.get(rank)
-            if entry.get("status") == "alive" and not entry.get("stack") and isinstance(theirs, dict) and theirs.get("stack"):
-                entry["stack"], entry["stack_at"] = theirs["stack"], theirs.get("stack_at")
-                for k in ("stack_via", "activity"):   # which route gave it; busy, frozen or blocked in I/O
-                    if theirs.get(k):
-                        entry[k] = theirs[k]
+        build.add_saved_stacks(snap, self._saved[1])
 
     def _read_post_mortem(self) -> Reading:
         try:

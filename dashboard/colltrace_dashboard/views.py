@@ -12,6 +12,7 @@ import time
 
 from colltrace.reporters import text as report
 from colltrace.reporters.text import format_ranks, located, short_ranks
+from colltrace.model.schema import UNREADABLE, WAITING
 
 MAX_RANK_CLASSES = 40      # rows of the rank view; the rest are counted
 MAX_GROUPS = 24            # groups listed; groups beyond that whose members are in step are counted
@@ -79,11 +80,11 @@ def rank_state(entry: dict, now: float) -> dict:
     status = str(entry.get("status") or "unknown")
     records = [r for r in entry.get("records") or [] if isinstance(r, dict)]
     pending = [r for r in records if r.get("state") in PENDING]
-    current = next((r for r in reversed(pending) if r.get("state") == "waiting"), None) or (pending[-1] if pending else None)
+    current = next((r for r in reversed(pending) if r.get("state") == WAITING), None) or (pending[-1] if pending else None)
     heartbeat = _num(entry.get("heartbeat"))
     out = {"status": status, "state": "idle", "op": None, "group": None, "seq": None, "peer": None,
            "where": None, "waiting_s": None, "heartbeat_age_s": None}
-    if status not in GONE and status != "unreadable" and heartbeat:
+    if status not in GONE and status != UNREADABLE and heartbeat:
         out["heartbeat_age_s"] = max(0.0, now - heartbeat)
     if current is not None:
         out.update(state=current.get("state"), op=current.get("op"), group=current.get("group"),
@@ -94,7 +95,7 @@ def rank_state(entry: dict, now: float) -> dict:
             out["waiting_s"] = max(0.0, now - entered)
     elif entry.get("stack"):
         out["where"] = located(entry.get("stack"), entry.get("roots"))   # live stack: where a rank in no collective is
-    if status == "unreadable":
+    if status == UNREADABLE:
         out["where"] = str(entry.get("error") or "unreadable")
     return out
 
@@ -111,7 +112,7 @@ def rank_view(snap: dict, now: float) -> dict:
         # Ranks blocked in the same collective form one class; others are classed by what they
         # run and where, whatever their group and number (their ranges are shown instead).
         key = (s["status"], s["state"], s["op"], s["where"])
-        if s["state"] == "waiting":
+        if s["state"] == WAITING:
             key += (s["group"], s["seq"], s["peer"])
         c = classes.get(key)
         if c is None:
@@ -166,7 +167,7 @@ def group_view(snap: dict) -> dict:
                 p = (e.get("progress") or {}).get(str(name)) or {}
                 status = e.get("status")
                 key = (int(p.get("entered") or 0), int(p.get("completed") or 0),
-                       status if status in GONE or status == "unreadable" else None)
+                       status if status in GONE or status == UNREADABLE else None)
             classes.setdefault(key, []).append(m)
         entered = [k[0] for k in classes if k[0] is not None]
         top = max(entered, default=0)

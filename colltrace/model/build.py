@@ -1,0 +1,213 @@
+"""The one builder of snapshots: a rank's entry from its trace, a host's view of it (liveness,
+live stacks), host summaries merged, entries compacted for the store, a saved snapshot laid over
+the files. Every snapshot the analyzer, the watchdog, the CLI and the dashboard see is made here.
+
+Plain data in and out, no I/O, no torch. A host summary is {"host", "t", "groups", "ranks":
+{rank: entry}}; the snapshot format is in docs/design.md, its words in model/schema.py.
+"""
+from __future__ import annotations
+
+from colltrace.analysis import origins
+from colltrace.model.schema import ALIVE, DEAD, ENDED, PENDING, UNKNOWN, UNREADABLE, WAITING, empty
+
+SUSPECT_AFTER_S = 0.5   # others have waited this long: fetch the missing rank's live stack
+RECENT_COMPLETED = 4    # completed records per rank sent through the store (pending ones always)
+FRAMES_NEAR_USER = 12   # frames kept around the innermost user frame when compacting
+
+
+NO_TRACE_NOTE = "gone without a trace: killed (SIGKILL/SIGTERM) or exited in native code"
+SAVED_LIVE_KEYS = ("status", "exit", "died_at", "stack", "stack_at", "pid", "host")
+
+
+def unreadable_entry(rank: int, error: str) -> dict:
+    """A rank whose trace cannot be read: judged unreadable, never dead or stuck at its last record."""
+    return {"rank": rank, "status": UNREADABLE, "error": error, "records": [], "progress": {},
+            "pid": None, "host": None, "exit": None, "died_at": None, "heartbeat": None,
+            "stack": None, "stack_at": None, "fault": None}
+
+
+def rank_entry(rank: int, meta: dict, status: str, exit_info, *, heartbeat, progress: dict, records: list,
+               lost_slots: int = 0, roots_ok: bool = False, digests: bool = False, untraced=None,
+               fault=None, exception=None, thread_exceptions=None) -> dict:
+    """One rank's entry from what its files say (tracefile/reader.py reads them)."""
+    entry = {
+        "rank": rank, "pid": meta.get("pid"), "host": meta.get("host"), "job": meta.get("job"),
+        "status": status, "exit": exit_info, "died_at": None,
+        "heartbeat": heartbeat or None, "error": None,
+        "progress": {g: dict(p) for g, p in progress.items()},
+        "records": records, "stack": None, "stack_at": None,
+        "fault": None, "lost_slots": lost_slots, "stall_s": meta.get("stall_s"),
+    }
+    if roots_ok:
+        entry["roots"] = meta["roots"]   # where its torch, stdlib and packages are
+    if digests:
+        entry["digests"] = True
+    if untraced:
+        # Entered without colltrace seeing it (DDP's C++ all-reduces): the Flight Recorder says
+        # what, and the rank has entered those numbers, whatever the trace alone says.
+        entry["untraced"] = untraced
+        for u in untraced:
+            p = entry["progress"].setdefault(u["group"], {"entered": 0, "completed": 0})
+            p["entered"] = max(p["entered"], u["seq"])
+    if fault:
+        entry["fault"] = fault
+        if fault["frames"]:
+            entry["stack"] = fault["frames"]
+    if exception:
+        entry["exception"] = exception
+        if not entry["stack"] and exception.get("frames"):
+            entry["stack"] = exception["frames"]   # where it raised: the line the report names
+    if thread_exceptions:
+        entry["thread_exceptions"] = thread_exceptions
+    return entry
+
+
+def host_entry(entry: dict, *, keep_records: int, died_at: float | None, live_stack=None,
+               last_event_t: float = 0.0, activity=None) -> dict:
+    """What the host adds to a rank's entry from watching it: the recent records (open ones
+    always), dead or alive from its process, its live stack while the rank has done nothing since
+    it was taken, and its activity (progressing, blocked in I/O, frozen).
+    live_stack: (taken at, frames, route, why other routes failed) or None."""
+    e = entry
+    recs = e["records"]
+    if len(recs) > keep_records:
+        e["records"] = [r for r in recs[:-keep_records] if r["state"] in PENDING] + recs[-keep_records:]
+    if died_at is not None:
+        e["died_at"] = died_at
+        if e["status"] == UNKNOWN:
+            e["status"] = DEAD
+            e["exit"] = {"signal": None, "note": NO_TRACE_NOTE}
+    elif e["status"] == UNKNOWN:
+        e["status"] = ALIVE
+    if live_stack and e["status"] == ALIVE and live_stack[0] >= last_event_t:
+        e["stack_at"], e["stack"] = live_stack[0], live_stack[1]   # only while the rank has done nothing since it was taken
+        e["stack_via"] = live_stack[2]
+    elif live_stack and live_stack[3] and e["status"] == ALIVE and not e.get("stack"):
+        e["stack_errors"] = live_stack[3]
+    if activity is not None and e["status"] == ALIVE:
+        e["activity"] = activity
+    return e
+
+
+def groups_of(tables) -> dict[str, dict]:
+    """The job's groups from each rank's group table (every rank names a group the same)."""
+    out = {}
+    for table in tables:
+        for g in table.values():
+            out.setdefault(g["name"], {"name": g["name"], "desc": g["desc"], "ranks": g["ranks"]})
+    return out
+
+
+def from_files(entries: dict, groups: dict, saved: dict | None) -> dict:
+    """The post-mortem snapshot: the entries read from the rank files, with what a live view
+    saved (snapshot.json: liveness and live stacks) laid over them; taken at the last time
+    anything was seen."""
+    snap = empty()
+    snap["groups"] = dict(groups)
+    snap["ranks"] = dict(entries)
+    if saved is not None:
+        snap["groups"] = {**saved.get("groups", {}), **snap["groups"]}
+        for rank, entry in saved["ranks"].items():
+            mine = snap["ranks"].get(rank)
+            if mine is None or mine["status"] == UNREADABLE:
+                snap["ranks"][rank] = entry
+                continue
+            # the live view knows liveness and live stacks; the files know the final records
+            for key in SAVED_LIVE_KEYS:
+                if entry.get(key) is not None and not (key == "status" and mine["status"] in ENDED):
+                    mine[key] = entry[key]
+        snap["taken_at"] = float(saved.get("taken_at") or 0.0)
+    last_seen = [snap["taken_at"]]
+    for e in snap["ranks"].values():
+        last_seen.append(e.get("heartbeat") or 0.0)
+        last_seen.extend(r.get("completed_at") or r.get("entered_at") or 0.0 for r in e.get("records", [])[-3:])
+    snap["taken_at"] = max(last_seen)
+    return snap
+
+
+def add_saved_stacks(snap: dict, saved: dict) -> None:
+    """Live stacks a watchdog saved (its snapshot.json) for ranks that are alive and show none:
+    where ranks in no collective are, for a reader that cannot take stacks itself."""
+    ranks = saved.get("ranks") if isinstance(saved, dict) else None
+    if not isinstance(ranks, dict):
+        return
+    for rank, entry in snap["ranks"].items():
+        theirs = ranks.get(rank)
+        if entry.get("status") == ALIVE and not entry.get("stack") and isinstance(theirs, dict) and theirs.get("stack"):
+            entry["stack"], entry["stack_at"] = theirs["stack"], theirs.get("stack_at")
+            for k in ("stack_via", "activity"):   # which route gave it; busy, frozen or blocked in I/O
+                if theirs.get(k):
+                    entry[k] = theirs[k]
+
+
+def job_stall_s(snap: dict) -> float | None:
+    """The COLLTRACE_STALL_S the job ran with (each rank's entry carries it), so that an analysis
+    after the fact agrees with the live one; None if no entry says."""
+    for entry in (snap.get("ranks") or {}).values():
+        v = entry.get("stall_s") if isinstance(entry, dict) else None
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0:
+            return float(v)
+    return None
+
+
+def merge(summaries: list[dict], now: float) -> dict:
+    snap = empty(now)
+    for s in summaries:
+        snap["groups"].update(s.get("groups") or {})
+        snap["ranks"].update(s.get("ranks") or {})
+    return snap
+
+
+def compact_frames(frames: list[dict], roots: dict | None = None) -> list[dict]:
+    """Keep the innermost frames and those around the innermost user frame: what reports show.
+    `roots`: the rank's, which tell its own code from torch's and the frameworks'."""
+    if len(frames) <= FRAMES_NEAR_USER + 4:
+        return frames
+    classify = origins.for_roots(roots).classify
+    user = next((i for i in range(len(frames) - 1, -1, -1)
+                 if classify(frames[i].get("file", ""))[0] == origins.USER), None)
+    keep = set(range(len(frames) - 4, len(frames)))
+    if user is not None:
+        keep.update(range(max(0, user - FRAMES_NEAR_USER + 1), min(len(frames), user + 2)))   # and the call it makes
+    return [frames[i] for i in sorted(keep)]
+
+
+def compact_entry(entry: dict) -> dict:
+    """A rank entry small enough to travel through the store once per PUBLISH_S."""
+    e = dict(entry)
+    recs = e.get("records") or []
+    pending = [r for r in recs if r.get("state") in PENDING]
+    done = [r for r in recs if r.get("state") not in PENDING][-RECENT_COMPLETED:]
+    keep = sorted(pending + done, key=lambda r: (r.get("entered_at") or 0, r.get("id") or 0))
+    roots = e.get("roots")
+    e["records"] = [dict(r, frames=compact_frames(r.get("frames") or [], roots)) for r in keep]
+    if e.get("stack"):
+        e["stack"] = compact_frames(e["stack"], roots)
+    return e
+
+
+def suspects(snap: dict, now: float) -> set[int]:
+    """Ranks others have waited for a while that are in no collective: their live stack will
+    be needed to say where they are instead."""
+    out = set()
+    groups = snap["groups"]
+    ranks = snap["ranks"]
+    for entry in ranks.values():
+        for r in entry.get("records") or []:
+            if r.get("state") not in PENDING or r.get("p2p") and r.get("peer") is None:
+                continue
+            if now - (r.get("entered_at") or now) < SUSPECT_AFTER_S:
+                continue
+            if r.get("p2p"):
+                members = [r["peer"]]
+            else:
+                members = groups.get(r.get("group"), {}).get("ranks", [])
+            for m in members:
+                other = ranks.get(str(m))
+                if other is None or other.get("status") not in (ALIVE, UNKNOWN):
+                    continue
+                if not r.get("p2p") and (other.get("progress") or {}).get(r["group"], {}).get("entered", 0) >= r["seq"]:
+                    continue
+                if not any(x.get("state") == WAITING for x in other.get("records") or []):
+                    out.add(int(m))
+    return out

@@ -1,0 +1,121 @@
+"""The snapshot's shape: its state words as constants, its parts as TypedDicts, and its JSON
+round trip with validation. Plain dicts throughout (the analyzer and the files use them as they
+are); the types say what a dict holds. docs/design.md describes every field."""
+from __future__ import annotations
+
+import json
+from typing import Optional, TypedDict
+
+from colltrace.errors import InputError
+
+VERSION = 1
+
+# a record's state: where one rank is with one collective
+WAITING = "waiting"        # a blocking call has not returned
+IN_FLIGHT = "in_flight"    # async work (or a returned blocking call the backend has not finished)
+COMPLETED = "completed"
+FAILED = "failed"
+PENDING = frozenset((WAITING, IN_FLIGHT))
+RECORD_STATES = frozenset((WAITING, IN_FLIGHT, COMPLETED, FAILED))
+
+# a rank's status: its process
+ALIVE = "alive"
+EXITED = "exited"          # ended by itself (returned, raised, exit code)
+DEAD = "dead"              # killed by a signal, or gone without a trace
+UNKNOWN = "unknown"        # not observed (post-mortem, no live view)
+UNREADABLE = "unreadable"  # its trace cannot be read (a full disk stopped it, a torn file)
+RANK_STATUSES = frozenset((ALIVE, EXITED, DEAD, UNKNOWN, UNREADABLE))
+ENDED = frozenset((EXITED, DEAD))
+
+# a rank's state in a finding: a record state, a rank status, or
+NOT_IN_COLLECTIVE = "not_in_collective"   # then its frames are its live stack
+
+
+class Frame(TypedDict, total=False):
+    file: str
+    line: int
+    func: str
+    origin: str        # user | framework | internal (analysis/origins.py)
+    package: str
+
+
+class Group(TypedDict):
+    name: str          # the same on every rank
+    desc: str
+    ranks: list        # global ranks
+
+
+class Record(TypedDict, total=False):
+    id: int
+    rank: int
+    group: str
+    seq: int
+    seq_end: int
+    op: str            # the API called; "untraced" for counted gaps
+    backend_op: str
+    p2p: bool
+    peer: Optional[int]
+    state: str         # RECORD_STATES
+    entered_at: float
+    returned_at: Optional[float]
+    completed_at: Optional[float]
+    shapes: list
+    dtypes: list
+    frames: list
+
+
+class RankEntry(TypedDict, total=False):
+    rank: int
+    pid: Optional[int]
+    host: Optional[str]
+    status: str        # RANK_STATUSES
+    exit: Optional[dict]
+    died_at: Optional[float]
+    heartbeat: Optional[float]
+    error: Optional[str]
+    progress: dict     # group -> {"entered": N, "completed": N}
+    records: list      # Record, oldest first
+    stack: Optional[list]
+    stack_at: Optional[float]
+    fault: Optional[dict]
+
+
+class Snapshot(TypedDict):
+    version: int
+    taken_at: float
+    groups: dict       # name -> Group
+    ranks: dict        # str(rank) -> RankEntry
+
+
+class SnapshotError(InputError):
+    """Text that is not a colltrace snapshot (one line: what is wrong)."""
+
+
+def empty(taken_at: float = 0.0) -> Snapshot:
+    return {"version": VERSION, "taken_at": float(taken_at), "groups": {}, "ranks": {}}
+
+
+def dumps(snap: Snapshot) -> str:
+    return json.dumps(snap, default=str)
+
+
+def loads(text: str | bytes, where: str = "snapshot") -> Snapshot:
+    """A snapshot from JSON, checked enough that every reader can walk it: SnapshotError if not."""
+    try:
+        snap = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise SnapshotError(f"{where}: not a readable snapshot ({exc})") from None
+    validate(snap, where)
+    return snap
+
+
+def validate(snap, where: str = "snapshot") -> None:
+    if not isinstance(snap, dict) or not isinstance(snap.get("ranks"), dict):
+        raise SnapshotError(f"{where}: not a colltrace snapshot (no 'ranks' table)")
+    if not isinstance(snap.get("groups", {}), dict):
+        raise SnapshotError(f"{where}: not a colltrace snapshot ('groups' is not a table)")
+    for rank, entry in snap["ranks"].items():
+        if not str(rank).lstrip("-").isdigit() or not isinstance(entry, dict):
+            raise SnapshotError(f"{where}: rank {rank!r} is not a rank number with an entry")
+        if not isinstance(entry.get("records", []), list):
+            raise SnapshotError(f"{where}: rank {rank}: 'records' is not a list")
