@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from dashboard_testing import CHROMIUM, CHROMIUM_ARGS, Proc, _root_conftest, clean_env
+from helpers.dashboard import CHROMIUM, CHROMIUM_ARGS, Proc, _root_conftest, clean_env
 
 
 @pytest.fixture(scope="session")

@@ -8,13 +8,12 @@ import html as html_mod
 import re
 import time
 
-import pytest
 from fastapi.testclient import TestClient
 
 from colltrace.cli import main as cli_main
 from colltrace_dashboard.app import LOOPBACK_HOSTS, create_app
 from colltrace_dashboard.sources import FolderSource, Reading
-from dashboard_testing import StaticSource, synthetic_snapshot
+from helpers.dashboard import StaticSource, synthetic_snapshot
 
 
 def client(source, **kw) -> TestClient:

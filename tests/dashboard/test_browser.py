@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from dashboard_testing import JOBS, clean_env, colltrace_cmd
+from helpers.dashboard import JOBS, clean_env, colltrace_cmd
 
 pytestmark = pytest.mark.slow
 APPEAR_S = 90     # the finding must show up within this, without a reload

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from colltrace import config
-from dashboard_testing import clean_env, colltrace_cmd
+from helpers.dashboard import clean_env, colltrace_cmd
 
 NEEDS = "colltrace: error: the dashboard needs: pip install 'colltrace[dashboard]'"
 

@@ -11,7 +11,7 @@ from colltrace.tracefile import reader
 from colltrace_dashboard.app import create_app
 from colltrace_dashboard.feed import Feed
 from colltrace_dashboard.sources import FolderSource, Reading
-from dashboard_testing import StaticSource, synthetic_snapshot
+from helpers.dashboard import StaticSource, synthetic_snapshot
 
 
 def scrape(text: str) -> dict:

@@ -8,7 +8,7 @@ import pytest
 
 from colltrace.host import storelink
 from colltrace_dashboard.sources import SourceError, StoreSource
-from dashboard_testing import synthetic_snapshot
+from helpers.dashboard import synthetic_snapshot
 
 
 @pytest.fixture

@@ -3,18 +3,15 @@ Each hang is named by the watchdog within seconds, with the group, the number, t
 ops and the user's own file:line; COLLTRACE_ON_HANG=abort then ends the job."""
 from __future__ import annotations
 
-import os
 
 import pytest
 
-from test_tracing import NATIVE, markers
+from helpers.jobs import frames_line, loc, native
+
+NATIVE = native()
 
 pytestmark = pytest.mark.slow
 SCRIPT = "scenarios.py"
-
-
-def loc(marker: str) -> str:
-    return f"{SCRIPT}:{markers(SCRIPT)[marker]}"
 
 
 def run(torchrun_job, scenario, stall_s=2.0, timeout=120, **env):
@@ -22,10 +19,6 @@ def run(torchrun_job, scenario, stall_s=2.0, timeout=120, **env):
                        env={"COLLTRACE_ON_HANG": "abort", "COLLTRACE_STALL_S": str(stall_s), **env})
     rc = job.wait(timeout)
     return job, rc
-
-
-def frames_line(rank_info) -> set[str]:
-    return {f"{os.path.basename(f['file'])}:{f['line']}" for f in rank_info.get("frames") or []}
 
 
 def entered_last(finding, ranks) -> float:

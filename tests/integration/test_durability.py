@@ -8,7 +8,7 @@ import time
 import pytest
 
 from colltrace.tracefile import reader
-from test_tracing import markers, user_line
+from helpers.jobs import markers, user_line
 
 
 def wait_for(pred, timeout, what):

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from test_tracing import markers
+from helpers.jobs import markers
 
 pytestmark = pytest.mark.slow
 

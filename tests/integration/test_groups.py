@@ -6,7 +6,9 @@ import json
 import pytest
 
 from colltrace.tracefile import reader
-from test_tracing import NATIVE, markers, user_line
+from helpers.jobs import markers, native, user_line
+
+NATIVE = native()
 
 
 @pytest.fixture(scope="module")

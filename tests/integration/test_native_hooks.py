@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from colltrace.rank import hooks
 from colltrace.tracefile import reader
-from test_detection import frames_line, loc
+from helpers.jobs import frames_line
 from test_tracing import markers, user_line
 
 NATIVE = hooks.supported(dist.ProcessGroup)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from test_detection import frames_line, loc
+from helpers.jobs import frames_line, loc
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 
 import pytest
 
@@ -12,34 +11,14 @@ import torch.distributed as dist
 
 from colltrace.rank import hooks
 from colltrace.tracefile import reader
+from helpers.jobs import markers, user_line
 
-JOBS = os.path.join(os.path.dirname(__file__), "jobs")
 NATIVE = hooks.supported(dist.ProcessGroup)   # torch >= 2.14: c10d's collective hooks
-
-
-def markers(script: str) -> dict[str, int]:
-    """`# op: NAME` comments in a job script -> line number."""
-    out = {}
-    with open(os.path.join(JOBS, script)) as f:
-        for i, line in enumerate(f, 1):
-            m = re.search(r"# op: (\S+)", line)
-            if m:
-                out[m.group(1)] = i
-    return out
 
 
 def counts(job, rank):
     line = [l for l in job.stdout(rank).splitlines() if l.startswith("COUNTS ")][-1]
     return json.loads(line[len("COUNTS "):])
-
-
-def user_line(record, script):
-    """The innermost frame in the job script (the user's own call)."""
-    for f in reversed(record["frames"]):
-        if f["file"].endswith(script):
-            return f["line"]
-    return None
-
 
 @pytest.fixture(scope="module")
 def all_ops(module_gloo_job):
@@ -47,7 +26,6 @@ def all_ops(module_gloo_job):
     job = module_gloo_job("all_ops.py", 3, env={"COLLTRACE_WATCHDOG": "off"})
     assert job.wait(120) == [0, 0, 0], job.stderr(0)
     return job
-
 
 def test_every_op_kind_lands_with_the_users_line(all_ops):
     job = all_ops
@@ -90,7 +68,6 @@ def test_every_op_kind_lands_with_the_users_line(all_ops):
     send = by_line[lines["send"]][0]
     assert (send["peer"], send["seq"]) == (1, recv[0]["seq"])
 
-
 def test_numbers_agree_across_ranks_and_with_the_backend(all_ops):
     job = all_ops
     traces = reader.load_traces(job.dir)
@@ -111,7 +88,6 @@ def test_numbers_agree_across_ranks_and_with_the_backend(all_ops):
         seqs.append([(r["group"], r["seq"], r["seq_end"], r["op"]) for r in recs])
         assert p2p_steps >= 2
     assert seqs[0] == seqs[1] == seqs[2], "the same collective has the same number on every rank"
-
 
 def test_ddp_reducer_allreduces_are_records_or_counted_gaps(all_ops):
     job = all_ops
@@ -136,14 +112,12 @@ def test_ddp_reducer_allreduces_are_records_or_counted_gaps(all_ops):
     after = recs[i + 1]
     assert user_line(after, "all_ops.py") == lines["all_reduce_last"] and after["seq"] == gap["seq_end"] + 1
 
-
 def test_object_collective_is_one_logical_op(all_ops):
     job = all_ops
     recs = reader.load_traces(job.dir)[1].all_records()
     ago = [r for r in recs if r["op"] == "all_gather_object"]
     assert len(ago) == 1 and ago[0]["seq_end"] == ago[0]["seq"] + 1   # two backend all_gathers, one record
     assert not [r for r in recs if r["op"] == "all_gather" and r["seq"] in (ago[0]["seq"], ago[0]["seq_end"])]
-
 
 def test_traced_results_equal_untraced(all_ops, gloo_job):
     traced = all_ops

@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from test_detection import frames_line, loc
-from test_tracing import JOBS
+from helpers.jobs import frames_line, loc
+from helpers.jobs import JOBS
 
 pytestmark = pytest.mark.slow
 

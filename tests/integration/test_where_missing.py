@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from test_tracing import markers
+from helpers.jobs import markers
 
 pytestmark = pytest.mark.slow
 SCRIPT = "where_missing.py"

@@ -1,14 +1,13 @@
 """Bad input to the CLI: one clear line on stderr, exit 2, no traceback."""
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import pytest
+from helpers.cli import run_cli
 
 
-def cli(*args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "colltrace.cli", *args], capture_output=True, text=True, timeout=timeout)
+def cli(*args):
+    return run_cli(*args)
 
 
 @pytest.mark.parametrize("args", [

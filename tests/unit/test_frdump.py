@@ -6,11 +6,10 @@ import json
 import os
 import pickle
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 GLOO = ROOT / "tests" / "fixtures" / "fr-gloo"
@@ -21,9 +20,8 @@ def nvrx_dir() -> Path:
     """NVIDIA's dumps, shipped with the tests (tests/fixtures/nvrx-16rank/README.md says whence)."""
     return ROOT / "tests" / "fixtures" / "nvrx-16rank"
 
-def cli(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "colltrace.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+def cli(*args):
+    return run_cli(*args)
 
 
 def analyze_json(d) -> tuple[int, dict]:

@@ -7,19 +7,17 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from helpers.cli import run_cli
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "distill")
 HEAD = "import torch.distributed as dist\nrank = dist.get_rank()\n"
 
 
 def lint(*args):
-    return subprocess.run([sys.executable, "-m", "colltrace.cli", "lint", *map(str, args)],
-                          capture_output=True, text=True, timeout=60)
+    return run_cli("lint", *args)
 
 
 def found(tmp_path, body: str, name="job.py") -> list[tuple[int, str]]:

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from colltrace.tracefile import ringfile, reader
-from colltrace.tracefile.ringfile import COMPLETE, ENTER, RETURN
+from colltrace.tracefile.ringfile import COMPLETE, ENTER
 
 
 def write_events(path, slots, n):

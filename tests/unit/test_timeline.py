@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import collections
 import json
-import subprocess
-import sys
 from pathlib import Path
+from helpers.cli import run_cli
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,8 +62,7 @@ def problems(doc) -> list[str]:
 
 def export(src, tmp_path, *extra) -> dict:
     out_file = tmp_path / "out.json"
-    run = subprocess.run([sys.executable, "-m", "colltrace.cli", "export", str(src), "--perfetto", str(out_file), *extra],
-                         capture_output=True, text=True, timeout=120)
+    run = run_cli("export", src, "--perfetto", out_file, *extra)
     assert run.returncode == 0, run.stderr
     doc = json.loads(out_file.read_text())
     assert problems(doc) == []

@@ -11,6 +11,8 @@ import sys
 import threading
 import time
 
+from colltrace.testing.synthetic import synthetic_snapshot as make_synthetic
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 JOBS = os.path.join(REPO, "tests", "integration", "jobs")
@@ -109,12 +111,7 @@ class Proc:
 def synthetic_snapshot(n_ranks: int, hang: bool = True) -> dict:
     """benchmarks/scale.py's job shape: world + tensor/data-parallel-like groups; with hang, every
     rank but one waits in a world all_reduce that the missing one never enters."""
-    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-    try:
-        from scale import synthetic_snapshot as make
-    finally:
-        sys.path.pop(0)
-    return make(n_ranks, 4, hang=hang)
+    return make_synthetic(n_ranks, 4, hang=hang)
 
 
 def clean_env(**extra) -> dict:
