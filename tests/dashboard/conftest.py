@@ -1,34 +1,24 @@
-"""Fixtures for the dashboard's tests: trace folders recorded from real gloo jobs, CLI processes
-killed at the end with everything they started, and a headless Chromium (Debian's, else Playwright's)."""
+"""Fixtures for the dashboard's tests: trace folders recorded from real gloo jobs (tests/fixtures/recorded),
+CLI processes killed at the end with everything they started, and a headless Chromium (Debian's, else Playwright's)."""
 from __future__ import annotations
 
 import os
 import shutil
-import time
 
 import pytest
 
 from helpers.dashboard import CHROMIUM, CHROMIUM_ARGS, Proc, _root_conftest, clean_env
 
 
+RECORDED = os.path.join(os.path.dirname(__file__), "..", "fixtures", "recorded")
+
+
 @pytest.fixture(scope="session")
-def recorded(tmp_path_factory):
-    """Trace folders recorded from real jobs on 4 gloo ranks, once per session:
-    "deadlock" (the seeds' cross-group deadlock, ended by COLLTRACE_ON_HANG=abort) and "healthy"."""
-    start, cleanup = _root_conftest()._job_starter(tmp_path_factory.mktemp("recorded"))   # none left behind
-    try:
-        dl = start("scenarios.py", 4, args=["deadlock"], env={"COLLTRACE_ON_HANG": "abort", "COLLTRACE_STALL_S": "2"})
-        ok = start("healthy.py", 2, args=[3])
-        codes = dl.wait(120)
-        assert any(codes), f"the deadlock job was not ended by the watchdog: {codes}"
-        assert ok.wait(120) == [0, 0], ok.stderr(0)
-        for job in (dl, ok):   # its watchdog writes the last snapshot as it exits
-            deadline = time.time() + 30
-            while not os.path.exists(os.path.join(job.dir, "snapshot.json")) and time.time() < deadline:
-                time.sleep(0.2)
-    finally:
-        cleanup()
-    return {"deadlock": dl.dir, "healthy": ok.dir}
+def recorded():
+    """Trace folders recorded from real jobs (tests/fixtures/make_recorded.py): "deadlock" (the
+    seeds' cross-group deadlock on 4 gloo ranks, ended by COLLTRACE_ON_HANG=abort) and "healthy"
+    (2 ranks). Tests read copies (copy_of); the live dashboard tests start their own jobs."""
+    return {name: os.path.abspath(os.path.join(RECORDED, name)) for name in ("deadlock", "healthy")}
 
 
 @pytest.fixture
