@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from colltrace.reporters import text as report   # rank lists and joins in the reasons
 
-CERTAIN = ("mismatch", "dead_rank", "deadlock")
 
 
 def _op(f: dict) -> str:

@@ -28,7 +28,6 @@ GROUP_POS = {
     "barrier": 0, "monitored_barrier": 0,
 }
 OBJECT_OPS = frozenset(("all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list"))
-BARRIERS = frozenset(("barrier", "monitored_barrier"))
 GROUP_KWARGS = ("group", "process_group", "pg")
 # calls that carve rank subsets out of the world explicitly (device meshes cover every rank in
 # each dimension, and programs built on them run the same path everywhere: not counted)

@@ -1,3 +1,4 @@
+"""`colltrace analyze DIR`: findings and culprits from a trace folder or Flight Recorder dumps, after the fact."""
 from __future__ import annotations
 
 import json
@@ -5,6 +6,7 @@ import sys
 
 from colltrace.tracefile import postmortem
 from colltrace.callsites import samekind
+from colltrace.errors import EXIT_FOUND, EXIT_OK
 
 
 class AnalyzeCommand:
@@ -40,7 +42,7 @@ class AnalyzeCommand:
             if warnings:
                 from colltrace.reporters.text import render_warnings
                 sys.stdout.write("\n" + render_warnings(warnings) + "\n")
-        return 1 if findings else 0   # warnings alone: the run is not wrong (yet)
+        return EXIT_FOUND if findings else EXIT_OK   # warnings alone: the run is not wrong (yet)
 
     @staticmethod
     def _text(findings, verdict, render_report) -> str:

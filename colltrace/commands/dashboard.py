@@ -1,3 +1,4 @@
+"""`colltrace dashboard DIR | --store HOST:PORT`: the live web dashboard in the foreground, and its starter for watchdogs."""
 from __future__ import annotations
 
 import os

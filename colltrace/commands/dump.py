@@ -1,3 +1,4 @@
+"""`colltrace dump DIR`: what every rank recorded, oldest first; `--from-store` copies a live job's state into a folder."""
 from __future__ import annotations
 
 import json

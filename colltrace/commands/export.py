@@ -1,3 +1,4 @@
+"""`colltrace export DIR --perfetto OUT.json`: a timeline of a trace folder or Flight Recorder dumps for ui.perfetto.dev."""
 from __future__ import annotations
 
 import json

@@ -1,3 +1,4 @@
+"""`colltrace lint PATH...`: the static check of Python sources for collective patterns that hang jobs."""
 from __future__ import annotations
 
 import json

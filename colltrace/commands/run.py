@@ -1,3 +1,4 @@
+"""`colltrace run [opts] -- CMD`: runs a job under colltrace, its watchdog in this process, and prints the next command."""
 from __future__ import annotations
 
 import os

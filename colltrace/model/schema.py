@@ -16,7 +16,6 @@ IN_FLIGHT = "in_flight"    # async work (or a returned blocking call the backend
 COMPLETED = "completed"
 FAILED = "failed"
 PENDING = frozenset((WAITING, IN_FLIGHT))
-RECORD_STATES = frozenset((WAITING, IN_FLIGHT, COMPLETED, FAILED))
 
 # a rank's status: its process
 ALIVE = "alive"
@@ -24,7 +23,6 @@ EXITED = "exited"          # ended by itself (returned, raised, exit code)
 DEAD = "dead"              # killed by a signal, or gone without a trace
 UNKNOWN = "unknown"        # not observed (post-mortem, no live view)
 UNREADABLE = "unreadable"  # its trace cannot be read (a full disk stopped it, a torn file)
-RANK_STATUSES = frozenset((ALIVE, EXITED, DEAD, UNKNOWN, UNREADABLE))
 ENDED = frozenset((EXITED, DEAD))
 
 # a rank's state in a finding: a record state, a rank status, or
@@ -55,7 +53,7 @@ class Record(TypedDict, total=False):
     backend_op: str
     p2p: bool
     peer: Optional[int]
-    state: str         # RECORD_STATES
+    state: str         # WAITING, IN_FLIGHT, COMPLETED or FAILED
     entered_at: float
     returned_at: Optional[float]
     completed_at: Optional[float]
@@ -68,7 +66,7 @@ class RankEntry(TypedDict, total=False):
     rank: int
     pid: Optional[int]
     host: Optional[str]
-    status: str        # RANK_STATUSES
+    status: str        # ALIVE, EXITED, DEAD, UNKNOWN or UNREADABLE
     exit: Optional[dict]
     died_at: Optional[float]
     heartbeat: Optional[float]

@@ -32,7 +32,3 @@ def analyzed(directory: str, prefix: str | None, stall_s: float | None) -> tuple
     snap = load(directory, prefix)
     threshold = stall_s if stall_s is not None else reader.job_stall_s(snap)
     return snap, analyze(snap, stall_s=threshold, now=snap["taken_at"])
-
-
-def is_flight_recorder(snap: dict) -> bool:
-    return (snap.get("source") or {}).get("kind") == "flight_recorder"

@@ -32,7 +32,6 @@ STOPPED_OFFSET = 20
 
 # slot kinds
 ENTER, RETURN, COMPLETE, UNTRACED, FAIL = 1, 2, 3, 4, 5
-KIND_NAMES = {ENTER: "enter", RETURN: "return", COMPLETE: "complete", UNTRACED: "untraced", FAIL: "fail"}
 # flags
 F_ASYNC, F_P2P, F_DONE, F_DIGEST = 1, 2, 4, 8
 # F_DONE on RETURN: the call's return means the work finished. F_DIGEST on ENTER: aux32 holds a
