@@ -31,6 +31,7 @@ class Settings:
     dashboard: tuple[str, int] | None = None   # COLLTRACE_DASHBOARD=[HOST:]PORT: the leader watchdog serves it
     dashboard_token: str = field(default="", repr=False)
     user_packages: tuple[str, ...] = ()   # installed packages that are the user's own code (COLLTRACE_USER_PACKAGES)
+    pure: bool = False               # COLLTRACE_PURE=1: the Python wrappers only, not the compiled hot path
     warnings: tuple[str, ...] = ()
 
 
@@ -142,6 +143,7 @@ def load(env=None) -> Settings:
         dashboard=_bind(env, "COLLTRACE_DASHBOARD", warnings),
         dashboard_token=env.get("COLLTRACE_DASHBOARD_TOKEN", "").strip(),
         user_packages=_names(env, "COLLTRACE_USER_PACKAGES", warnings),
+        pure=env.get("COLLTRACE_PURE", "").strip() not in ("", "0"),
         warnings=tuple(warnings),
     )
 

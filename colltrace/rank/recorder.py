@@ -53,11 +53,13 @@ class _Local(threading.local):
 
 
 class GroupState:
-    __slots__ = ("id", "pg", "name", "ranks", "backend", "get_seq", "last_after", "p2p_offset", "p2p_seq")
+    __slots__ = ("id", "pg", "name", "ranks", "backend", "get_seq", "seq_fn", "last_after", "p2p_offset", "p2p_seq")
 
     def __init__(self, gid, pg, name, ranks, backend, get_seq):
         self.id, self.pg, self.name, self.ranks, self.backend = gid, pg, name, ranks, backend   # pg: a weakref
         self.get_seq = get_seq
+        # the backend's own getter, fn(pg), for the compiled hot path (colltrace/rank/fastpath.py)
+        self.seq_fn = getattr(get_seq, "seq_fn", None)
         self.last_after = None   # backend counter after our last observed op
         self.p2p_offset = 0      # backend steps taken by p2p ops (gloo counts them, NCCL does not)
         self.p2p_seq = {}        # (src, dst) -> count

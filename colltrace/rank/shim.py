@@ -19,7 +19,7 @@ import weakref
 import zlib
 
 from colltrace import config
-from colltrace.rank import hooks
+from colltrace.rank import fastpath, hooks
 from colltrace.tracefile.ringfile import F_ASYNC, F_DIGEST, F_P2P
 
 # name: (backend op, tensor parameter compared across ranks, reducing?, kind)
@@ -179,6 +179,7 @@ def _describe_group(pg):
         def get_seq():
             p = ref()
             return fn(p) if p is not None else -1
+        get_seq.seq_fn = fn
     except Exception:
         pass
     # c10d's own registry names every group it made, whatever its class (the same on every rank)
@@ -210,89 +211,125 @@ def _make_c10d_wrapper(name, orig):
     op_name = name
     digestible = name in DIGEST_OPS
 
-    @functools.wraps(orig)
-    def wrapper(*args, **kwargs):
-        rec = recorder
-        if rec is None or rec.disabled or _is_compiling():
-            return orig(*args, **kwargs)
-        local = rec.local
-        if local.depth:
-            return orig(*args, **kwargs)
-        try:
-            if is_batch:
-                ops = get_p2p_list(args, kwargs)
-                group = ops[0].group if ops else None
-            else:
-                group = get_group(args, kwargs)
-            if group is None:
-                group = _c10d._world.default_pg
-                if group is None:
-                    return orig(*args, **kwargs)
-            elif group is _NON_MEMBER:
+    def build(skip):
+        # skip: frames between this function and the user's call (2 when the compiled path
+        # hands a call over: its Python wrapper stands between)
+        @functools.wraps(orig)
+        def wrapper(*args, **kwargs):
+            rec = recorder
+            if rec is None or rec.disabled or _is_compiling():
                 return orig(*args, **kwargs)
-            gs = rec.group_state(group, _describe_group)
-            if gs is None:   # a group colltrace cannot describe: its calls pass through untraced
+            local = rec.local
+            if local.depth:
                 return orig(*args, **kwargs)
-            is_async = bool(get_async(args, kwargs)) or kind == "p" and op_name in ("isend", "irecv") or is_batch
-            flags = (F_ASYNC if is_async else 0) | (F_P2P if is_p2p else 0)
-            root = peer = -1
-            pair = None
-            if root_name is not None:
-                r = get_root(args, kwargs)
-                if r is None:
-                    gr = get_group_root(args, kwargs)
-                    r = _to_global(gs, gr) if gr is not None else -1
-                if is_p2p:
-                    peer = r
-                    me = rec.rank
-                    pair = (me, peer) if backend_op == "send" else (peer, me)
+            try:
+                if is_batch:
+                    ops = get_p2p_list(args, kwargs)
+                    group = ops[0].group if ops else None
                 else:
-                    root = r
-            if is_batch:
-                shapes, dtypes, cuda = _describe_tensors([o.tensor for o in ops])
-                redop = None
-                peer = ops[0].peer if ops else -1
-                pair = (rec.rank, "batch", peer)
-            else:
-                tensor = get_tensor(args, kwargs)
-                shapes, dtypes, cuda = _describe_tensors(tensor)
-                redop = _redop_name(get_redop(args, kwargs))
-            digest = 0
-            if digestible and rec.digest_bytes and not cuda:
-                d = _digest(tensor, rec.digest_bytes)
-                if d is not None:
-                    digest, flags = d, flags | F_DIGEST
-            bop = BACKEND_OVERRIDES.get((gs.backend, backend_op), backend_op)
-            sig_id = rec.sig_id((op_name, bop, gs.id, shapes, dtypes, redop, root, peer, is_async))
-            ctx = rec.enter(gs, sig_id, sys._getframe(1), flags, pair, peer, digest)
-        except Exception as exc:
-            rec.internal_error(exc)
-            return orig(*args, **kwargs)
-        local.depth = 1
-        try:
-            result = orig(*args, **kwargs)
-        except BaseException as exc:
+                    group = get_group(args, kwargs)
+                if group is None:
+                    group = _c10d._world.default_pg
+                    if group is None:
+                        return orig(*args, **kwargs)
+                elif group is _NON_MEMBER:
+                    return orig(*args, **kwargs)
+                gs = rec.group_state(group, _describe_group)
+                if gs is None:   # a group colltrace cannot describe: its calls pass through untraced
+                    return orig(*args, **kwargs)
+                is_async = bool(get_async(args, kwargs)) or kind == "p" and op_name in ("isend", "irecv") or is_batch
+                flags = (F_ASYNC if is_async else 0) | (F_P2P if is_p2p else 0)
+                root = peer = -1
+                pair = None
+                if root_name is not None:
+                    r = get_root(args, kwargs)
+                    if r is None:
+                        gr = get_group_root(args, kwargs)
+                        r = _to_global(gs, gr) if gr is not None else -1
+                    if is_p2p:
+                        peer = r
+                        me = rec.rank
+                        pair = (me, peer) if backend_op == "send" else (peer, me)
+                    else:
+                        root = r
+                if is_batch:
+                    shapes, dtypes, cuda = _describe_tensors([o.tensor for o in ops])
+                    redop = None
+                    peer = ops[0].peer if ops else -1
+                    pair = (rec.rank, "batch", peer)
+                else:
+                    tensor = get_tensor(args, kwargs)
+                    shapes, dtypes, cuda = _describe_tensors(tensor)
+                    redop = _redop_name(get_redop(args, kwargs))
+                digest = 0
+                if digestible and rec.digest_bytes and not cuda:
+                    d = _digest(tensor, rec.digest_bytes)
+                    if d is not None:
+                        digest, flags = d, flags | F_DIGEST
+                bop = BACKEND_OVERRIDES.get((gs.backend, backend_op), backend_op)
+                sig_id = rec.sig_id((op_name, bop, gs.id, shapes, dtypes, redop, root, peer, is_async))
+                ctx = rec.enter(gs, sig_id, sys._getframe(skip), flags, pair, peer, digest)
+            except Exception as exc:
+                rec.internal_error(exc)
+                return orig(*args, **kwargs)
+            local.depth = 1
+            try:
+                result = orig(*args, **kwargs)
+            except BaseException as exc:
+                local.depth = 0
+                try:
+                    rec.fail(ctx, exc)
+                except Exception as inner:
+                    rec.internal_error(inner)
+                raise
             local.depth = 0
             try:
-                rec.fail(ctx, exc)
-            except Exception as inner:
-                rec.internal_error(inner)
-            raise
-        local.depth = 0
-        try:
-            if is_async:
-                waitable = result if result is not None else None
-                rec.exit(ctx, done=waitable is None, waitable=waitable)
-            elif cuda:
-                rec.exit(ctx, done=False, waitable=rec.cuda_event())
-            else:
-                rec.exit(ctx, done=True)
-        except Exception as exc:
-            rec.internal_error(exc)
-        return result
+                if is_async:
+                    waitable = result if result is not None else None
+                    rec.exit(ctx, done=waitable is None, waitable=waitable)
+                elif cuda:
+                    rec.exit(ctx, done=False, waitable=rec.cuda_event())
+                else:
+                    rec.exit(ctx, done=True)
+            except Exception as exc:
+                rec.internal_error(exc)
+            return result
+
+        return wrapper
+
+    wrapper = build(1)
 
     wrapper.__colltrace_original__ = orig
-    return wrapper
+    if kind != "c" or root_name is not None or _state["settings"] is None or _state["settings"].pure:
+        return wrapper
+
+    def learn(rec, pg, tensor, op, is_async):
+        """What the compiled path needs for calls like this one, as the Python wrapper would
+        intern it: (signature id, whether such calls are the Python wrapper's alone (a CUDA
+        tensor, a digest to take), the group's state, its counter getter, the group held
+        weakly); None for a group colltrace cannot describe."""
+        gs = rec.group_state(pg, _describe_group)
+        if gs is None or gs.seq_fn is None:
+            return None
+        shapes, dtypes, cuda = _describe_tensors(tensor)
+        bop = BACKEND_OVERRIDES.get((gs.backend, backend_op), backend_op)
+        sig = rec.sig_id((op_name, bop, gs.id, shapes, dtypes, _redop_name(op), -1, -1, is_async))
+        return sig, bool(cuda or (digestible and rec.digest_bytes)), gs, gs.seq_fn, gs.pg
+
+    plan = fastpath.plan(orig, build(2), learn, globals(), _c10d._world, _NON_MEMBER, list(sig.parameters), tensor_param,
+                         reducing, one_step=name in fastpath.ONE_STEP)
+    if plan is None:
+        return wrapper
+
+    @functools.wraps(orig)
+    def fast(*args, **kwargs):
+        if _is_compiling():   # Dynamo traces this function: the compiled path stays out of its way
+            return orig(*args, **kwargs)
+        return plan(*args, **kwargs)
+
+    fast.__colltrace_original__ = orig
+    fast.__colltrace_plan__ = plan   # its `hits`: calls the compiled path recorded itself
+    return fast
 
 
 def _make_coalescing_wrapper(orig):

@@ -82,7 +82,9 @@ class RingWriter:
         self.written = i + 1
 
     def heartbeat(self, t: float) -> None:
-        COUNT.pack_into(self._mm, COUNT_OFFSET, self.written, t)
+        # the compiled hot path (colltrace/rank/_fastpath.c) raises the count in place as it writes
+        written = max(self.written, COUNT.unpack_from(self._mm, COUNT_OFFSET)[0])
+        COUNT.pack_into(self._mm, COUNT_OFFSET, written, t)
 
     def mark_stopped(self) -> None:
         """Say in the header that tracing stepped aside: no slot after this one will come."""

@@ -62,3 +62,5 @@ counts = {str(dist.group.WORLD.group_name): dist.group.WORLD._get_sequence_numbe
 print("COUNTS " + json.dumps({"rank": rank, "counts": counts, "world_name": str(dist.group.WORLD.group_name),
                               "sub_name": str(sub.group_name), "result": x.tolist()}))
 dist.destroy_process_group()
+plan = getattr(dist.all_reduce, "__colltrace_plan__", None)   # colltrace's compiled hot path, if it is on
+print("FASTPATH " + json.dumps({"hits": plan.hits if plan is not None else None}))

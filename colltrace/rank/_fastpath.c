@@ -1,0 +1,607 @@
+/* The compiled hot path of colltrace's wrappers (optional; colltrace/rank/fastpath.py).
+ *
+ * A Plan is one wrapped torch.distributed collective. Called with the user's arguments, it does
+ * what the Python wrapper in shim.py does for the common case (a collective on one CPU tensor,
+ * blocking, every definition it needs already interned): reads the group's backend counter,
+ * looks up the interned signature, thread and call stack, writes the ENTER slot into the rank's
+ * ring, calls the original, reads the counter again and writes the RETURN slot. Anything else
+ * (a first call, a list of tensors, async work, a CUDA tensor, digests, any error) goes to the
+ * Python wrapper, which stays the reference: both write the same slots. Needs Python >= 3.11
+ * (PyFrame_GetLasti) and a little-endian machine (the ring's byte order).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <frameobject.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#if PY_VERSION_HEX < 0x030B0000
+#error "colltrace's fast path needs Python >= 3.11"
+#endif
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "colltrace's ring is little-endian"
+#endif
+
+#define HEADER_SIZE 4096
+#define KIND_ENTER 1
+#define KIND_RETURN 2
+#define KIND_UNTRACED 4
+#define F_DONE 4
+
+#pragma pack(push, 1)
+typedef struct {          /* "<BBHIIIIIqqdQQ" (colltrace/tracefile/ringfile.py) */
+    uint8_t kind, flags;
+    uint16_t pad;
+    uint32_t group, sig, stack, thread, aux32;
+    int64_t seq, aux;
+    double t;
+    uint64_t rec, commit;
+} Slot;
+#pragma pack(pop)
+
+static PyObject *s_recorder, *s_disabled, *s_local, *s_depth, *s_groups, *s_seq_fn, *s_pg, *s_last_after,
+    *s_p2p_offset, *s_id, *s_rec_ids, *s_threads, *s_thread_id, *s_stacks, *s_stack_id, *s_ring, *s_mm,
+    *s_serial, *s_slots, *s_written, *s_stack_depth, *s_fail, *s_internal_error, *s_world, *s_default_pg,
+    *s_shape, *s_dtype, *s_group, *s_op, *s_async_op, *one, *zero;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *orig;        /* the torch.distributed function */
+    PyObject *slow;        /* the Python wrapper: everything the fast path does not take */
+    PyObject *learn;       /* learn(rec, pg, tensor, op, is_async) -> (sig id, Python wrapper's only, gs, seq_fn, weakref(pg)) or None */
+    PyObject *shim;        /* shim's globals: "recorder" is read on every call */
+    PyObject *non_member;  /* GroupMember.NON_GROUP_MEMBER */
+    PyObject *sigs;        /* (id(pg), shape, dtype, op, async) -> what learn said, for `rec` */
+    PyObject *rec;         /* the recorder the caches belong to (a strong reference) */
+    /* the recorder's parts that never change for its life (recorder.py sets them once) */
+    PyObject *local, *groups, *stacks, *threads, *rec_ids, *serial, *mm;
+    long long slots, depth;
+    PyObject *world;       /* c10d._world: its default_pg is read on each call */
+    Py_ssize_t tensor_pos, group_pos, op_pos, async_pos;   /* -1: not a parameter */
+    PyObject *tensor_name, *op_default;
+    int has_tensor, reducing, one_step;
+    unsigned long long hits;   /* calls this path recorded itself (tests check it is used) */
+} Plan;
+
+static PyObject *arg(PyObject *args, PyObject *kwargs, Py_ssize_t pos, PyObject *name, PyObject *dflt)
+{   /* borrowed; the parameter by position, else keyword, else its default */
+    if (pos >= 0 && PyTuple_GET_SIZE(args) > pos)
+        return PyTuple_GET_ITEM(args, pos);
+    if (kwargs != NULL && name != NULL) {
+        PyObject *v = PyDict_GetItemWithError(kwargs, name);
+        if (v != NULL || PyErr_Occurred())
+            return v;
+    }
+    return dflt;
+}
+
+static double now(void)
+{   /* time.time(): the same clock */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int long_attr(PyObject *obj, PyObject *name, long long *out)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int set_long_attr(PyObject *obj, PyObject *name, long long value)
+{
+    PyObject *v = PyLong_FromLongLong(value);
+    if (v == NULL)
+        return -1;
+    int rc = PyObject_SetAttr(obj, name, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+/* One slot into the ring, as RingWriter.write does: the serial from its counter, the commit
+ * (serial + 1) stored last; then the header's count hint (RingWriter.heartbeat keeps the larger). */
+#define COUNT_OFFSET 64
+static int ring_write(Plan *p, Slot *slot)
+{
+    PyObject *iv = PyIter_Next(p->serial);
+    if (iv == NULL)
+        return -1;
+    long long i = PyLong_AsLongLong(iv);
+    Py_DECREF(iv);
+    if (i == -1 && PyErr_Occurred())
+        return -1;
+    Py_buffer view;   /* taken and released at once: the mapping can always be closed */
+    if (PyObject_GetBuffer(p->mm, &view, PyBUF_WRITABLE) < 0)
+        return -1;
+    Py_ssize_t off = HEADER_SIZE + (Py_ssize_t)(i % p->slots) * (Py_ssize_t)sizeof(Slot);
+    int rc = -1;
+    if (off + (Py_ssize_t)sizeof(Slot) <= view.len) {
+        char *dst = (char *)view.buf + off;
+        memcpy(dst, slot, offsetof(Slot, commit));
+        __atomic_store_n((uint64_t *)(dst + offsetof(Slot, commit)), (uint64_t)i + 1, __ATOMIC_RELEASE);
+        uint64_t *count = (uint64_t *)((char *)view.buf + COUNT_OFFSET);
+        if (*count < (uint64_t)i + 1)
+            *count = (uint64_t)i + 1;
+        rc = 0;
+    } else {
+        PyErr_SetString(PyExc_ValueError, "ring slot out of range");
+    }
+    PyBuffer_Release(&view);
+    return rc;
+}
+
+/* rec._stacks' key for the caller's stack: (id(code), f_lasti) per frame, innermost first;
+ * on a miss, rec.stack_id(frame) interns it (and writes its definition). */
+#define MAX_DEPTH 128
+static long long stack_id(Plan *p, PyObject *rec, PyFrameObject *caller)
+{
+    PyObject *items[2 * MAX_DEPTH];
+    Py_ssize_t n = 0;
+    long long depth = p->depth < MAX_DEPTH ? p->depth : MAX_DEPTH;
+    PyFrameObject *f = caller;
+    Py_XINCREF(f);
+    while (f != NULL && n < 2 * depth) {
+        PyCodeObject *code = PyFrame_GetCode(f);
+        items[n] = PyLong_FromVoidPtr(code);
+        Py_DECREF(code);
+        items[n + 1] = PyLong_FromLong(PyFrame_GetLasti(f));
+        n += 2;
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+        if (items[n - 2] == NULL || items[n - 1] == NULL)
+            break;
+    }
+    Py_XDECREF(f);
+    PyObject *key = PyTuple_New(n);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (key != NULL && items[k] != NULL)
+            PyTuple_SET_ITEM(key, k, items[k]);
+        else
+            Py_XDECREF(items[k]);
+    }
+    if (key == NULL || PyErr_Occurred()) {
+        Py_XDECREF(key);
+        return -1;
+    }
+    long long sid = -1;
+    PyObject *hit = PyDict_GetItemWithError(p->stacks, key);
+    if (hit != NULL) {
+        sid = PyLong_AsLongLong(hit);
+    } else if (!PyErr_Occurred()) {   /* a new stack: the recorder interns it (and writes its definition) */
+        PyObject *v = PyObject_CallMethodOneArg(rec, s_stack_id, caller ? (PyObject *)caller : Py_None);
+        if (v != NULL) {
+            sid = PyLong_AsLongLong(v);
+            Py_DECREF(v);
+        }
+    }
+    Py_DECREF(key);
+    return sid;
+}
+
+static long long thread_id(Plan *p, PyObject *rec)
+{
+    PyObject *ident = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+    if (ident == NULL)
+        return -1;
+    long long tid = -1;
+    PyObject *hit = PyDict_GetItemWithError(p->threads, ident);
+    if (hit != NULL) {
+        tid = PyLong_AsLongLong(hit);
+    } else if (!PyErr_Occurred()) {
+        PyObject *v = PyObject_CallMethodNoArgs(rec, s_thread_id);
+        if (v != NULL) {
+            tid = PyLong_AsLongLong(v);
+            Py_DECREF(v);
+        }
+    }
+    Py_DECREF(ident);
+    return tid;
+}
+
+/* The recorder's parts, taken once per recorder (a new one after a fork or a reinstall). */
+static int adopt(Plan *p, PyObject *rec)
+{
+    PyObject *local = NULL, *groups = NULL, *stacks = NULL, *threads = NULL, *rec_ids = NULL, *ring = NULL,
+             *serial = NULL, *mm = NULL;
+    long long slots = 0, depth = 0;
+    int rc = -1;
+    if ((local = PyObject_GetAttr(rec, s_local)) && (groups = PyObject_GetAttr(rec, s_groups))
+            && (stacks = PyObject_GetAttr(rec, s_stacks)) && (threads = PyObject_GetAttr(rec, s_threads))
+            && (rec_ids = PyObject_GetAttr(rec, s_rec_ids)) && (ring = PyObject_GetAttr(rec, s_ring))
+            && ring != Py_None && (serial = PyObject_GetAttr(ring, s_serial)) && (mm = PyObject_GetAttr(ring, s_mm))
+            && long_attr(ring, s_slots, &slots) == 0 && long_attr(rec, s_stack_depth, &depth) == 0
+            && PyDict_Check(groups) && PyDict_Check(stacks) && PyDict_Check(threads) && slots > 0) {
+        Py_XSETREF(p->local, local);
+        Py_XSETREF(p->groups, groups);
+        Py_XSETREF(p->stacks, stacks);
+        Py_XSETREF(p->threads, threads);
+        Py_XSETREF(p->rec_ids, rec_ids);
+        Py_XSETREF(p->serial, serial);
+        Py_XSETREF(p->mm, mm);
+        local = groups = stacks = threads = rec_ids = serial = mm = NULL;
+        p->slots = slots;
+        p->depth = depth;
+        PyDict_Clear(p->sigs);
+        Py_INCREF(rec);
+        Py_XSETREF(p->rec, rec);
+        rc = 0;
+    }
+    Py_XDECREF(local);
+    Py_XDECREF(groups);
+    Py_XDECREF(stacks);
+    Py_XDECREF(threads);
+    Py_XDECREF(rec_ids);
+    Py_XDECREF(ring);
+    Py_XDECREF(serial);
+    Py_XDECREF(mm);
+    return rc;
+}
+
+static PyObject *call_orig(Plan *p, PyObject *args, PyObject *kwargs)
+{
+    return PyObject_Call(p->orig, args, kwargs);
+}
+
+static PyObject *call_slow(Plan *p, PyObject *args, PyObject *kwargs)
+{
+    PyErr_Clear();   /* whatever made the fast path step aside: the Python wrapper judges it */
+    return PyObject_Call(p->slow, args, kwargs);
+}
+
+static int truthy_attr(PyObject *obj, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
+/* The backend's counter: type(pg)._get_sequence_number_for_group(pg) (gs.seq_fn), the group
+ * held weakly (gs.pg). */
+static int read_seq(PyObject *seq_fn, PyObject *pg, long long *out)
+{
+    PyObject *v = PyObject_CallOneArg(seq_fn, pg);
+    if (v == NULL)
+        return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static void report(PyObject *rec)
+{   /* an error inside colltrace after the slots began: rec.internal_error(exc) (said once), never raised */
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    PyErr_NormalizeException(&et, &ev, &etb);
+    PyObject *r = PyObject_CallMethodOneArg(rec, s_internal_error, ev ? ev : Py_None);
+    Py_XDECREF(r);
+    PyErr_Clear();
+    Py_XDECREF(et);
+    Py_XDECREF(ev);
+    Py_XDECREF(etb);
+}
+
+enum route { ORIG, SLOW };
+
+static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
+{
+    enum route route = SLOW;
+    PyObject *pg = NULL, *shape = NULL, *dtype = NULL, *skey = NULL, *last_obj = NULL, *idv = NULL;
+    PyObject *rec = PyDict_GetItemWithError(p->shim, s_recorder);   /* borrowed */
+    if (rec == NULL || rec == Py_None) {
+        route = ORIG;
+        goto out;
+    }
+    int t = truthy_attr(rec, s_disabled);
+    if (t != 0) {
+        route = t < 0 ? SLOW : ORIG;
+        goto out;
+    }
+    if (p->rec != rec && adopt(p, rec) < 0)
+        goto out;
+    t = truthy_attr(p->local, s_depth);
+    if (t != 0) {   /* a part of a traced call (an object collective's all_gather): not recorded */
+        route = t < 0 ? SLOW : ORIG;
+        goto out;
+    }
+
+    /* the group: a group colltrace has not described yet goes the slow way */
+    PyObject *group = arg(args, kwargs, p->group_pos, p->group_pos >= 0 ? s_group : NULL, Py_None);
+    if (group == NULL)
+        goto out;
+    if (group == Py_None) {
+        pg = PyObject_GetAttr(p->world, s_default_pg);
+        if (pg == NULL || pg == Py_None)
+            goto out;
+    } else if (group == p->non_member) {
+        route = ORIG;
+        goto out;
+    } else {
+        pg = group;
+        Py_INCREF(pg);
+    }
+    PyObject *async_op = arg(args, kwargs, p->async_pos, p->async_pos >= 0 ? s_async_op : NULL, Py_False);
+    if (async_op == NULL || PyObject_IsTrue(async_op) != 0)
+        goto out;   /* async work: its completion is polled, the Python wrapper's job */
+
+    /* what is passed: one tensor (or none, for a barrier); its signature as the Python wrapper interned it */
+    PyObject *tensor = Py_None;
+    if (p->has_tensor) {
+        tensor = arg(args, kwargs, p->tensor_pos, p->tensor_name, Py_None);
+        if (tensor == NULL || tensor == Py_None || PyList_Check(tensor) || PyTuple_Check(tensor))
+            goto out;
+        if ((shape = PyObject_GetAttr(tensor, s_shape)) == NULL || (dtype = PyObject_GetAttr(tensor, s_dtype)) == NULL)
+            goto out;
+    }
+    PyObject *op = p->reducing ? arg(args, kwargs, p->op_pos, s_op, p->op_default) : Py_None;
+    if (op == NULL)
+        goto out;
+    /* the default op by identity: hashing a pybind enum calls back into Python */
+    PyObject *gkey = PyLong_FromVoidPtr(pg);   /* by id: a key must not keep a destroyed group alive */
+    if (gkey == NULL)
+        goto out;
+    skey = PyTuple_Pack(5, gkey, shape ? shape : Py_None, dtype ? dtype : Py_None, op == p->op_default ? Py_None : op,
+                        Py_False);
+    Py_DECREF(gkey);
+    if (skey == NULL)
+        goto out;
+    PyObject *known = PyDict_GetItemWithError(p->sigs, skey);   /* borrowed */
+    if (known == NULL) {
+        if (PyErr_Occurred())   /* an unhashable op (premul sum): the Python wrapper names it */
+            goto out;
+        PyObject *learned = PyObject_CallFunctionObjArgs(p->learn, rec, pg, tensor, op, Py_False, NULL);
+        if (learned == NULL)
+            goto out;
+        if (learned == Py_None) {   /* a group colltrace cannot describe (yet) */
+            Py_DECREF(learned);
+            goto out;
+        }
+        int bad = !PyTuple_Check(learned) || PyTuple_GET_SIZE(learned) != 5 || PyDict_SetItem(p->sigs, skey, learned) < 0;
+        Py_DECREF(learned);
+        if (bad || (known = PyDict_GetItemWithError(p->sigs, skey)) == NULL)
+            goto out;
+    }
+    /* (sig, the Python wrapper's alone, group state, its counter getter, the group held weakly) */
+    if (PyObject_IsTrue(PyTuple_GET_ITEM(known, 1)) != 0)
+        goto out;   /* a CUDA tensor (its completion is an event) or a digest to take */
+    long long sig = PyLong_AsLongLong(PyTuple_GET_ITEM(known, 0));
+    PyObject *gs = PyTuple_GET_ITEM(known, 2);
+    PyObject *seq_fn = PyTuple_GET_ITEM(known, 3);
+    PyObject *live = PyWeakref_GetObject(PyTuple_GET_ITEM(known, 4));   /* borrowed */
+    if (live != pg)   /* the group was freed and its id reused: learn it again */
+        goto out;
+
+    /* everything the slots need, read before the first is written */
+    long long gid, p2p_offset, before, last = -1, tid, sid, rec_id;
+    if (long_attr(gs, s_id, &gid) < 0 || long_attr(gs, s_p2p_offset, &p2p_offset) < 0)
+        goto out;
+    PyFrameObject *here = PyEval_GetFrame();   /* the Python wrapper's frame; its caller is the user's */
+    PyFrameObject *caller = here ? PyFrame_GetBack(here) : NULL;
+    sid = stack_id(p, rec, caller);
+    Py_XDECREF(caller);
+    if (sid < 0 || (tid = thread_id(p, rec)) < 0)
+        goto out;
+    if ((last_obj = PyObject_GetAttr(gs, s_last_after)) == NULL)
+        goto out;
+    if (last_obj != Py_None && (last = PyLong_AsLongLong(last_obj)) == -1 && PyErr_Occurred())
+        goto out;
+    if (read_seq(seq_fn, pg, &before) < 0)
+        goto out;
+    if ((idv = PyIter_Next(p->rec_ids)) == NULL || ((rec_id = PyLong_AsLongLong(idv)) == -1 && PyErr_Occurred()))
+        goto out;   /* nothing written yet: the Python wrapper starts over */
+
+    Slot slot;
+    long long seq = before - p2p_offset + 1;
+    int ok = 1;
+    if (last_obj != Py_None && before > last) {
+        /* the backend ran collectives we did not see (DDP's reducer, pg.allreduce, compiled code) */
+        slot = (Slot){KIND_UNTRACED, 0, 0, (uint32_t)gid, 0, 0, 0, 0, last - p2p_offset + 1, before - last, now(), 0, 0};
+        ok = ring_write(p, &slot) == 0;
+    }
+    if (ok) {
+        slot = (Slot){KIND_ENTER, 0, 0, (uint32_t)gid, (uint32_t)sig, (uint32_t)sid, (uint32_t)tid, 0, seq, -1, now(),
+                      (uint64_t)rec_id, 0};
+        ok = ring_write(p, &slot) == 0 && PyObject_SetAttr(p->local, s_depth, one) == 0;
+    }
+    if (!ok) {   /* a slot could not be written: reported once by the recorder, the call goes on untraced */
+        report(rec);
+        route = ORIG;
+        goto out;
+    }
+
+    p->hits++;
+    PyObject *result = call_orig(p, args, kwargs);
+    PyObject *exc_type, *exc_value, *exc_tb;
+    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+    if (PyObject_SetAttr(p->local, s_depth, zero) < 0)
+        PyErr_Clear();
+    if (result == NULL) {   /* the collective raised: rec.fail(ctx, exc), then the same exception */
+        PyErr_NormalizeException(&exc_type, &exc_value, &exc_tb);
+        PyObject *ctx = Py_BuildValue("(LOLLi)", rec_id, gs, before, seq, 0);
+        PyObject *r = ctx ? PyObject_CallMethodObjArgs(rec, s_fail, ctx, exc_value ? exc_value : Py_None, NULL) : NULL;
+        if (r == NULL)
+            report(rec);
+        Py_XDECREF(r);
+        Py_XDECREF(ctx);
+        PyErr_Restore(exc_type, exc_value, exc_tb);
+    } else {
+        /* the numbers it spanned: one for the ops that are one backend op (p->one_step), else
+         * the counter read again; then the RETURN slot */
+        long long after = before + 1;
+        if ((p->one_step || read_seq(seq_fn, pg, &after) == 0) && set_long_attr(gs, s_last_after, after) == 0) {
+            long long steps = after - before;
+            slot = (Slot){KIND_RETURN, F_DONE, 0, (uint32_t)gid, 0, 0, 0, 0, seq, seq + (steps > 1 ? steps : 1) - 1,
+                          now(), (uint64_t)rec_id, 0};
+            if (ring_write(p, &slot) < 0)
+                report(rec);
+        } else {
+            report(rec);
+        }
+    }
+    Py_XDECREF(idv);
+    Py_XDECREF(last_obj);
+    Py_XDECREF(skey);
+    Py_XDECREF(shape);
+    Py_XDECREF(dtype);
+    Py_XDECREF(pg);
+    return result;
+
+out:
+    Py_XDECREF(idv);
+    Py_XDECREF(last_obj);
+    Py_XDECREF(skey);
+    Py_XDECREF(shape);
+    Py_XDECREF(dtype);
+    Py_XDECREF(pg);
+    if (route == ORIG) {
+        PyErr_Clear();
+        return call_orig(p, args, kwargs);
+    }
+    return call_slow(p, args, kwargs);
+}
+
+static int Plan_traverse(Plan *p, visitproc visit, void *arg)
+{
+    Py_VISIT(p->orig);
+    Py_VISIT(p->slow);
+    Py_VISIT(p->learn);
+    Py_VISIT(p->shim);
+    Py_VISIT(p->non_member);
+    Py_VISIT(p->sigs);
+    Py_VISIT(p->rec);
+    Py_VISIT(p->local);
+    Py_VISIT(p->groups);
+    Py_VISIT(p->stacks);
+    Py_VISIT(p->threads);
+    Py_VISIT(p->rec_ids);
+    Py_VISIT(p->serial);
+    Py_VISIT(p->mm);
+    Py_VISIT(p->world);
+    Py_VISIT(p->tensor_name);
+    Py_VISIT(p->op_default);
+    return 0;
+}
+
+static int Plan_clear(Plan *p)
+{
+    Py_CLEAR(p->orig);
+    Py_CLEAR(p->slow);
+    Py_CLEAR(p->learn);
+    Py_CLEAR(p->shim);
+    Py_CLEAR(p->non_member);
+    Py_CLEAR(p->sigs);
+    Py_CLEAR(p->rec);
+    Py_CLEAR(p->local);
+    Py_CLEAR(p->groups);
+    Py_CLEAR(p->stacks);
+    Py_CLEAR(p->threads);
+    Py_CLEAR(p->rec_ids);
+    Py_CLEAR(p->serial);
+    Py_CLEAR(p->mm);
+    Py_CLEAR(p->world);
+    Py_CLEAR(p->tensor_name);
+    Py_CLEAR(p->op_default);
+    return 0;
+}
+
+static void Plan_dealloc(Plan *p)
+{
+    PyObject_GC_UnTrack(p);
+    Plan_clear(p);
+    Py_TYPE(p)->tp_free((PyObject *)p);
+}
+
+static int Plan_init(Plan *p, PyObject *args, PyObject *kwds)
+{
+    static char *names[] = {"orig", "slow", "learn", "shim", "world", "non_member", "tensor_pos", "tensor_name",
+                            "group_pos", "op_pos", "op_default", "async_pos", "has_tensor", "reducing", "one_step", NULL};
+    PyObject *orig, *slow, *learn, *shim, *world, *non_member, *tensor_name, *op_default;
+    Py_ssize_t tensor_pos, group_pos, op_pos, async_pos;
+    int has_tensor, reducing, one_step;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO!OOnOnnOnppp", names, &orig, &slow, &learn, &PyDict_Type, &shim,
+                                     &world, &non_member, &tensor_pos, &tensor_name, &group_pos, &op_pos, &op_default,
+                                     &async_pos, &has_tensor, &reducing, &one_step))
+        return -1;
+    PyObject *sigs = PyDict_New();
+    if (sigs == NULL)
+        return -1;
+    Py_INCREF(orig); Py_XSETREF(p->orig, orig);
+    Py_INCREF(slow); Py_XSETREF(p->slow, slow);
+    Py_INCREF(learn); Py_XSETREF(p->learn, learn);
+    Py_INCREF(shim); Py_XSETREF(p->shim, shim);
+    Py_INCREF(world); Py_XSETREF(p->world, world);
+    Py_INCREF(non_member); Py_XSETREF(p->non_member, non_member);
+    Py_INCREF(tensor_name); Py_XSETREF(p->tensor_name, tensor_name);
+    Py_INCREF(op_default); Py_XSETREF(p->op_default, op_default);
+    Py_XSETREF(p->sigs, sigs);
+    Py_CLEAR(p->rec);
+    p->tensor_pos = tensor_pos;
+    p->group_pos = group_pos;
+    p->op_pos = op_pos;
+    p->async_pos = async_pos;
+    p->has_tensor = has_tensor;
+    p->reducing = reducing;
+    p->one_step = one_step;
+    return 0;
+}
+
+#include <structmember.h>
+static PyMemberDef Plan_members[] = {
+    {"hits", T_ULONGLONG, offsetof(Plan, hits), READONLY, "calls this path recorded itself"},
+    {NULL}
+};
+
+static PyTypeObject PlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "colltrace.rank._fastpath.Plan",
+    .tp_doc = "One wrapped collective's compiled hot path.",
+    .tp_basicsize = sizeof(Plan),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Plan_init,
+    .tp_dealloc = (destructor)Plan_dealloc,
+    .tp_traverse = (traverseproc)Plan_traverse,
+    .tp_clear = (inquiry)Plan_clear,
+    .tp_call = (ternaryfunc)Plan_call,
+    .tp_members = Plan_members,
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastpath", "colltrace's compiled hot path.", -1, NULL};
+
+#define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
+
+PyMODINIT_FUNC PyInit__fastpath(void)
+{
+    INTERN(s_recorder, "recorder"); INTERN(s_disabled, "disabled"); INTERN(s_local, "local");
+    INTERN(s_depth, "depth"); INTERN(s_groups, "groups"); INTERN(s_seq_fn, "seq_fn"); INTERN(s_pg, "pg");
+    INTERN(s_last_after, "last_after"); INTERN(s_p2p_offset, "p2p_offset"); INTERN(s_id, "id");
+    INTERN(s_rec_ids, "_rec_ids"); INTERN(s_threads, "_threads"); INTERN(s_thread_id, "thread_id");
+    INTERN(s_stacks, "_stacks"); INTERN(s_stack_id, "stack_id"); INTERN(s_ring, "ring"); INTERN(s_mm, "_mm");
+    INTERN(s_serial, "_serial"); INTERN(s_slots, "slots"); INTERN(s_written, "written");
+    INTERN(s_stack_depth, "_depth"); INTERN(s_fail, "fail"); INTERN(s_internal_error, "internal_error");
+    INTERN(s_world, "_world"); INTERN(s_default_pg, "default_pg"); INTERN(s_shape, "shape"); INTERN(s_dtype, "dtype");
+    INTERN(s_group, "group"); INTERN(s_op, "op"); INTERN(s_async_op, "async_op");
+    if ((one = PyLong_FromLong(1)) == NULL || (zero = PyLong_FromLong(0)) == NULL)
+        return NULL;
+    if (PyType_Ready(&PlanType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&PlanType);
+    if (PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0) {
+        Py_DECREF(&PlanType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,50 @@
+"""The compiled hot path (colltrace/rank/_fastpath.c), where it was built: which wrappers it
+takes, and COLLTRACE_PURE=1 to keep to the Python wrappers.
+
+It takes the plain collectives (no root, no peer: all_reduce, all_gather, reduce_scatter,
+all_to_all, barrier and their tensor forms) and, for each call, only the common case: one CPU
+tensor, blocking, its group, signature, thread and stack interned. Every other call, and any
+call where something is not as expected, goes to the Python wrapper, which writes the same
+slots; tests/unit/test_fastpath.py checks both routes record the same events.
+"""
+from __future__ import annotations
+
+try:
+    from colltrace.rank import _fastpath
+except ImportError:   # not built (no compiler at install time, Python < 3.11): the Python wrappers
+    _fastpath = None
+
+
+# Collectives that are one backend op (one step of the group's counter) whatever they are given:
+# the counter is read before the call only. monitored_barrier (2 steps on gloo) and the rest
+# read it after the call too.
+ONE_STEP = frozenset(("all_reduce", "all_gather", "all_gather_single", "all_gather_into_tensor", "_all_gather_base",
+                      "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor", "_reduce_scatter_base",
+                      "all_to_all_single", "all_to_all", "barrier"))
+
+
+def available() -> bool:
+    return _fastpath is not None
+
+
+def plan(orig, slow, learn, shim_globals: dict, world, non_member, params, tensor_param, reducing: bool,
+         one_step: bool = False):
+    """The compiled hot path for one collective, or None where it does not apply.
+    params: the original's parameter names, in order; world: c10d's _world (its default group)."""
+    if _fastpath is None:
+        return None
+
+    def pos(name):
+        return params.index(name) if name in params else -1
+
+    if tensor_param is not None and tensor_param not in params:
+        return None
+    op_default = None
+    if reducing:
+        import inspect
+
+        p = inspect.signature(orig).parameters.get("op")
+        op_default = None if p is None or p.default is inspect.Parameter.empty else p.default
+    return _fastpath.Plan(orig, slow, learn, shim_globals, world, non_member, pos(tensor_param or ""), tensor_param,
+                          pos("group"), pos("op") if reducing else -1, op_default, pos("async_op"),
+                          tensor_param is not None, reducing, one_step)

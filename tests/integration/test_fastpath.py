@@ -1,0 +1,56 @@
+"""The compiled hot path (colltrace/rank/_fastpath.c) records what the Python wrappers record:
+the same job traced both ways gives the same records, and the compiled path did take the calls
+it is for. COLLTRACE_PURE=1 keeps to the Python wrappers."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from colltrace.rank import fastpath
+from colltrace.tracefile import reader
+
+pytestmark = pytest.mark.skipif(not fastpath.available(), reason="the compiled hot path was not built here")
+
+KEEP = ("group", "seq", "seq_end", "op", "backend_op", "p2p", "peer", "state", "async", "shapes", "dtypes",
+        "reduce_op", "root", "count", "thread")
+
+
+def records(job, rank):
+    """What a user compares: every field but ids and times, frames as file:line (func)."""
+    (tr,) = [t for t in reader.load_traces(job.dir) if t.rank == rank]
+    out = []
+    for r in tr.all_records():
+        row = {k: r.get(k) for k in KEEP}
+        row["frames"] = [f"{os.path.basename(f['file'])}:{f['line']} ({f['func']})" for f in r.get("frames") or []]
+        out.append(row)
+    return out
+
+
+def run(gloo_job, **env):
+    job = gloo_job("all_ops.py", 2, env=env)
+    assert job.wait(120) == [0, 0], job.stderr(0)
+    hits = [json.loads(l[len("FASTPATH "):])["hits"] for l in job.stdout(0).splitlines() if l.startswith("FASTPATH ")]
+    return job, hits[0]
+
+
+def test_the_compiled_path_records_what_the_python_wrappers_record(gloo_job):
+    fast, hits = run(gloo_job)
+    pure, pure_hits = run(gloo_job, COLLTRACE_PURE="1")
+    assert pure_hits is None            # COLLTRACE_PURE=1: the Python wrappers only
+    assert hits and hits >= 2           # the plain all_reduces went the compiled way
+    for rank in (0, 1):
+        got, want = records(fast, rank), records(pure, rank)
+        assert len(got) == len(want) and got == want
+
+
+def test_a_failure_inside_the_compiled_path_is_said_once_and_the_job_goes_on(gloo_job):
+    traced = gloo_job("fastpath_failure.py", 2, env={"COLLTRACE_WATCHDOG": "off"})
+    plain = gloo_job("fastpath_failure.py", 2, traced=False)
+    assert traced.wait(90) == [0, 0] and plain.wait(90) == [0, 0], traced.stderr(0)[-3000:]
+    for r in (0, 1):
+        result = [l for l in traced.stdout(r).splitlines() if l.startswith("RESULT")]
+        assert result and result == [l for l in plain.stdout(r).splitlines() if l.startswith("RESULT")]
+        errors = [l for l in traced.stderr(r).splitlines() if l.startswith("colltrace: internal error")]
+        assert len(errors) == 1, traced.stderr(r)[-3000:]
