@@ -44,7 +44,7 @@ typedef struct {          /* "<BBHIIIIIqqdQQ" (colltrace/tracefile/ringfile.py) 
 static PyObject *s_recorder, *s_disabled, *s_local, *s_depth, *s_groups, *s_seq_fn, *s_pg, *s_last_after,
     *s_p2p_offset, *s_id, *s_rec_ids, *s_threads, *s_thread_id, *s_stacks, *s_stack_id, *s_ring, *s_mm,
     *s_serial, *s_slots, *s_written, *s_stack_depth, *s_fail, *s_internal_error, *s_world, *s_default_pg,
-    *s_shape, *s_dtype, *s_group, *s_op, *s_async_op, *one, *zero;
+    *s_shape, *s_dtype, *s_default_pg_field, *s_group, *s_op, *s_async_op, *one, *zero;
 
 typedef struct {
     PyObject_HEAD
@@ -319,7 +319,12 @@ static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
     if (group == NULL)
         goto out;
     if (group == Py_None) {
-        pg = PyObject_GetAttr(p->world, s_default_pg);
+        /* _World.default_pg is a Python property over _default_pg: read the field, else the property */
+        pg = PyObject_GetAttr(p->world, s_default_pg_field);
+        if (pg == NULL) {
+            PyErr_Clear();
+            pg = PyObject_GetAttr(p->world, s_default_pg);
+        }
         if (pg == NULL || pg == Py_None)
             goto out;
     } else if (group == p->non_member) {
@@ -365,12 +370,12 @@ static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
             Py_DECREF(learned);
             goto out;
         }
-        int bad = !PyTuple_Check(learned) || PyTuple_GET_SIZE(learned) != 5 || PyDict_SetItem(p->sigs, skey, learned) < 0;
+        int bad = !PyTuple_Check(learned) || PyTuple_GET_SIZE(learned) != 6 || PyDict_SetItem(p->sigs, skey, learned) < 0;
         Py_DECREF(learned);
         if (bad || (known = PyDict_GetItemWithError(p->sigs, skey)) == NULL)
             goto out;
     }
-    /* (sig, the Python wrapper's alone, group state, its counter getter, the group held weakly) */
+    /* (sig, the Python wrapper's alone, group state, its counter getter, the group held weakly, its id) */
     if (PyObject_IsTrue(PyTuple_GET_ITEM(known, 1)) != 0)
         goto out;   /* a CUDA tensor (its completion is an event) or a digest to take */
     long long sig = PyLong_AsLongLong(PyTuple_GET_ITEM(known, 0));
@@ -381,8 +386,8 @@ static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
         goto out;
 
     /* everything the slots need, read before the first is written */
-    long long gid, p2p_offset, before, last = -1, tid, sid, rec_id;
-    if (long_attr(gs, s_id, &gid) < 0 || long_attr(gs, s_p2p_offset, &p2p_offset) < 0)
+    long long gid = PyLong_AsLongLong(PyTuple_GET_ITEM(known, 5)), p2p_offset, before, last = -1, tid, sid, rec_id;
+    if ((gid == -1 && PyErr_Occurred()) || long_attr(gs, s_p2p_offset, &p2p_offset) < 0)
         goto out;
     PyFrameObject *here = PyEval_GetFrame();   /* the Python wrapper's frame; its caller is the user's */
     PyFrameObject *caller = here ? PyFrame_GetBack(here) : NULL;
@@ -588,7 +593,7 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     INTERN(s_stacks, "_stacks"); INTERN(s_stack_id, "stack_id"); INTERN(s_ring, "ring"); INTERN(s_mm, "_mm");
     INTERN(s_serial, "_serial"); INTERN(s_slots, "slots"); INTERN(s_written, "written");
     INTERN(s_stack_depth, "_depth"); INTERN(s_fail, "fail"); INTERN(s_internal_error, "internal_error");
-    INTERN(s_world, "_world"); INTERN(s_default_pg, "default_pg"); INTERN(s_shape, "shape"); INTERN(s_dtype, "dtype");
+    INTERN(s_world, "_world"); INTERN(s_default_pg, "default_pg"); INTERN(s_shape, "shape"); INTERN(s_dtype, "dtype"); INTERN(s_default_pg_field, "_default_pg");
     INTERN(s_group, "group"); INTERN(s_op, "op"); INTERN(s_async_op, "async_op");
     if ((one = PyLong_FromLong(1)) == NULL || (zero = PyLong_FromLong(0)) == NULL)
         return NULL;

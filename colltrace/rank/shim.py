@@ -307,14 +307,14 @@ def _make_c10d_wrapper(name, orig):
         """What the compiled path needs for calls like this one, as the Python wrapper would
         intern it: (signature id, whether such calls are the Python wrapper's alone (a CUDA
         tensor, a digest to take), the group's state, its counter getter, the group held
-        weakly); None for a group colltrace cannot describe."""
+        weakly, its id); None for a group colltrace cannot describe."""
         gs = rec.group_state(pg, _describe_group)
         if gs is None or gs.seq_fn is None:
             return None
         shapes, dtypes, cuda = _describe_tensors(tensor)
         bop = BACKEND_OVERRIDES.get((gs.backend, backend_op), backend_op)
         sig = rec.sig_id((op_name, bop, gs.id, shapes, dtypes, _redop_name(op), -1, -1, is_async))
-        return sig, bool(cuda or (digestible and rec.digest_bytes)), gs, gs.seq_fn, gs.pg
+        return sig, bool(cuda or (digestible and rec.digest_bytes)), gs, gs.seq_fn, gs.pg, gs.id
 
     plan = fastpath.plan(orig, build(2), learn, globals(), _c10d._world, _NON_MEMBER, list(sig.parameters), tensor_param,
                          reducing, one_step=name in fastpath.ONE_STEP)
