@@ -8,7 +8,8 @@ all_reduce calls; callgrind counts only inside the loop (instrumentation switche
 around it with callgrind_control). Each mode runs twice, with `--small` and `--large` calls, and
 the difference divided by the difference in calls is the cost of one call, with the fixed cost of
 switching the counter on and off cancelled out. Modes: untraced, traced (colltrace.install():
-the route this torch uses), flightrec (PyTorch's Flight Recorder, TORCH_FR_BUFFER_SIZE=2000).
+the compiled hot path where it was built, else the Python wrappers), traced-python (the Python
+wrappers alone, COLLTRACE_PURE=1), flightrec (PyTorch's Flight Recorder, TORCH_FR_BUFFER_SIZE=2000).
 Needs valgrind (apt-get install valgrind).
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ LOOP = r"""
 import os, subprocess, sys
 mode, n = sys.argv[1], int(sys.argv[2])
 import torch, torch.distributed as dist
-if mode == "traced":
+if mode.startswith("traced"):
     import colltrace; colltrace.install()
 torch.manual_seed(0)
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -43,7 +44,7 @@ toggle(False)
 dist.destroy_process_group()
 """
 
-MODES = ("untraced", "traced", "flightrec")
+MODES = ("untraced", "traced", "traced-python", "flightrec")
 
 
 def count(mode: str, calls: int, tmp: str) -> int:
@@ -58,6 +59,8 @@ def count(mode: str, calls: int, tmp: str) -> int:
                COLLTRACE_WATCHDOG="off")
     if mode == "flightrec":
         env["TORCH_FR_BUFFER_SIZE"] = "2000"
+    if mode == "traced-python":
+        env["COLLTRACE_PURE"] = "1"
     # sys.executable, not a launcher script (pyenv's shims are shell scripts valgrind would trace instead).
     cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
            f"--callgrind-out-file={out_dir}/cg.%p", sys.executable, script, mode, str(calls)]

@@ -16,7 +16,8 @@ Two gloo ranks on this machine, measured three ways:
    by round so drift hits all alike. Noisier (each pair of processes lands differently on 2
    cores), but it is what a user runs.
 3. Instructions per call (benchmarks/instructions.py, valgrind's callgrind, world of 1): the
-   deterministic figure, untraced / traced / Flight Recorder (skipped with a note if valgrind
+   deterministic figure, untraced / traced (the compiled hot path where it was built) / the
+   Python wrappers alone (COLLTRACE_PURE=1) / Flight Recorder (skipped with a note if valgrind
    is not installed, or with --no-instructions).
 DETAIL with DDP on gloo segfaults in torch 2.13 even for a correct program: not measured.
 Prints medians, ratios and the added microseconds per collective.
