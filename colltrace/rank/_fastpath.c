@@ -84,14 +84,18 @@ static double now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int long_attr(PyObject *obj, PyObject *name, long long *out)
-{
-    PyObject *v = PyObject_GetAttr(obj, name);
+static int as_long(PyObject *v, long long *out)
+{   /* takes the reference: v is a new reference or NULL (an error already set) */
     if (v == NULL)
         return -1;
     *out = PyLong_AsLongLong(v);
     Py_DECREF(v);
     return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int long_attr(PyObject *obj, PyObject *name, long long *out)
+{
+    return as_long(PyObject_GetAttr(obj, name), out);
 }
 
 static int set_long_attr(PyObject *obj, PyObject *name, long long value)
@@ -269,12 +273,7 @@ static int truthy_attr(PyObject *obj, PyObject *name)
  * held weakly (gs.pg). */
 static int read_seq(PyObject *seq_fn, PyObject *pg, long long *out)
 {
-    PyObject *v = PyObject_CallOneArg(seq_fn, pg);
-    if (v == NULL)
-        return -1;
-    *out = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+    return as_long(PyObject_CallOneArg(seq_fn, pg), out);
 }
 
 static void report(PyObject *rec)
@@ -295,6 +294,8 @@ enum route { ORIG, SLOW };
 static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
 {
     enum route route = SLOW;
+    PyObject *result = NULL;
+    int called = 0;   /* the original ran under the compiled path: its result (or exception) stands */
     PyObject *pg = NULL, *shape = NULL, *dtype = NULL, *skey = NULL, *last_obj = NULL, *idv = NULL;
     PyObject *rec = PyDict_GetItemWithError(p->shim, s_recorder);   /* borrowed */
     if (rec == NULL || rec == Py_None) {
@@ -424,7 +425,8 @@ static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
     }
 
     p->hits++;
-    PyObject *result = call_orig(p, args, kwargs);
+    called = 1;
+    result = call_orig(p, args, kwargs);
     PyObject *exc_type, *exc_value, *exc_tb;
     PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
     if (PyObject_SetAttr(p->local, s_depth, zero) < 0)
@@ -452,13 +454,6 @@ static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
             report(rec);
         }
     }
-    Py_XDECREF(idv);
-    Py_XDECREF(last_obj);
-    Py_XDECREF(skey);
-    Py_XDECREF(shape);
-    Py_XDECREF(dtype);
-    Py_XDECREF(pg);
-    return result;
 
 out:
     Py_XDECREF(idv);
@@ -467,6 +462,8 @@ out:
     Py_XDECREF(shape);
     Py_XDECREF(dtype);
     Py_XDECREF(pg);
+    if (called)
+        return result;
     if (route == ORIG) {
         PyErr_Clear();
         return call_orig(p, args, kwargs);
@@ -474,47 +471,21 @@ out:
     return call_slow(p, args, kwargs);
 }
 
+/* every object a Plan holds, named once for the garbage collector's two walks */
+#define PLAN_OBJECTS(X) X(orig) X(slow) X(learn) X(shim) X(non_member) X(sigs) X(rec) X(local) X(groups) \
+    X(stacks) X(threads) X(rec_ids) X(serial) X(mm) X(world) X(tensor_name) X(op_default)
+
 static int Plan_traverse(Plan *p, visitproc visit, void *arg)
 {
-    Py_VISIT(p->orig);
-    Py_VISIT(p->slow);
-    Py_VISIT(p->learn);
-    Py_VISIT(p->shim);
-    Py_VISIT(p->non_member);
-    Py_VISIT(p->sigs);
-    Py_VISIT(p->rec);
-    Py_VISIT(p->local);
-    Py_VISIT(p->groups);
-    Py_VISIT(p->stacks);
-    Py_VISIT(p->threads);
-    Py_VISIT(p->rec_ids);
-    Py_VISIT(p->serial);
-    Py_VISIT(p->mm);
-    Py_VISIT(p->world);
-    Py_VISIT(p->tensor_name);
-    Py_VISIT(p->op_default);
+#define VISIT_FIELD(f) Py_VISIT(p->f);
+    PLAN_OBJECTS(VISIT_FIELD)
     return 0;
 }
 
 static int Plan_clear(Plan *p)
 {
-    Py_CLEAR(p->orig);
-    Py_CLEAR(p->slow);
-    Py_CLEAR(p->learn);
-    Py_CLEAR(p->shim);
-    Py_CLEAR(p->non_member);
-    Py_CLEAR(p->sigs);
-    Py_CLEAR(p->rec);
-    Py_CLEAR(p->local);
-    Py_CLEAR(p->groups);
-    Py_CLEAR(p->stacks);
-    Py_CLEAR(p->threads);
-    Py_CLEAR(p->rec_ids);
-    Py_CLEAR(p->serial);
-    Py_CLEAR(p->mm);
-    Py_CLEAR(p->world);
-    Py_CLEAR(p->tensor_name);
-    Py_CLEAR(p->op_default);
+#define CLEAR_FIELD(f) Py_CLEAR(p->f);
+    PLAN_OBJECTS(CLEAR_FIELD)
     return 0;
 }
 
