@@ -98,7 +98,6 @@ else:
 dist.barrier()
 if rank == 0:
     print(json.dumps(out))
-dist.destroy_process_group()   # gloo's threads left to interpreter exit can abort it (std::terminate)
 dist.destroy_process_group()
 """
 
