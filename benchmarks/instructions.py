@@ -9,7 +9,9 @@ around it with callgrind_control). Each mode runs twice, with `--small` and `--l
 the difference divided by the difference in calls is the cost of one call, with the fixed cost of
 switching the counter on and off cancelled out. Modes: untraced, traced (colltrace.install():
 the compiled hot path where it was built, else the Python wrappers), traced-python (the Python
-wrappers alone, COLLTRACE_PURE=1), flightrec (PyTorch's Flight Recorder, TORCH_FR_BUFFER_SIZE=2000).
+wrappers alone, COLLTRACE_PURE=1), flightrec (PyTorch's Flight Recorder, TORCH_FR_BUFFER_SIZE=2000),
+and on torch >= 2.14 hooks (the original function: c10d's per-group hooks record it, colltrace's
+route for what no wrapper sees).
 Needs valgrind (apt-get install valgrind).
 """
 from __future__ import annotations
@@ -26,12 +28,14 @@ LOOP = r"""
 import os, subprocess, sys
 mode, n = sys.argv[1], int(sys.argv[2])
 import torch, torch.distributed as dist
-if mode.startswith("traced"):
+if mode.startswith("traced") or mode == "hooks":
     import colltrace; colltrace.install()
 torch.manual_seed(0)
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 x = torch.ones(1)
 f = dist.all_reduce
+if mode == "hooks":   # torch >= 2.14: the original function, recorded by colltrace's c10d hooks alone
+    f = f.__colltrace_original__
 for _ in range(50):      # warm: every stack and signature interned, every cache filled
     f(x)
 def toggle(on):
@@ -78,13 +82,23 @@ def count(mode: str, calls: int, tmp: str) -> int:
     return total
 
 
+def modes() -> tuple[str, ...]:
+    """MODES, and on torch >= 2.14 "hooks": what no wrapper sees (DDP's reducer, pg.allreduce),
+    recorded by c10d's per-group hooks, measured on the same call."""
+    import torch.distributed as dist
+
+    from colltrace.rank import hooks
+
+    return MODES + (("hooks",) if hooks.supported(dist.ProcessGroup) else ())
+
+
 def per_call(small: int, large: int) -> dict[str, float]:
     """{mode: instructions per call}, measured as the slope between `small` and `large` calls."""
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise RuntimeError("valgrind is not installed (apt-get install valgrind)")
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in MODES:
+        for mode in modes():
             a, b = count(mode, small, tmp), count(mode, large, tmp)
             out[mode] = (b - a) / (large - small)
     return out
@@ -93,9 +107,9 @@ def per_call(small: int, large: int) -> dict[str, float]:
 def report(figures: dict[str, float]) -> str:
     base = figures["untraced"]
     lines = ["instructions per 1-element all_reduce (callgrind, world of 1, gloo):"]
-    for mode in MODES:
+    for mode in figures:
         v = figures[mode]
-        lines.append(f"  {mode:<10} {v:10,.0f}   ({v / base:5.2f}x, {v - base:+10,.0f} beyond untraced)")
+        lines.append(f"  {mode:<13} {v:10,.0f}   ({v / base:5.2f}x, {v - base:+10,.0f} beyond untraced)")
     return "\n".join(lines)
 
 

@@ -15,7 +15,10 @@ Two gloo ranks on this machine, measured three ways:
    Recorder (TORCH_FR_BUFFER_SIZE=2000) and TORCH_DISTRIBUTED_DEBUG=DETAIL, alternating round
    by round so drift hits all alike. Noisier (each pair of processes lands differently on 2
    cores), but it is what a user runs.
-3. Instructions per call (benchmarks/instructions.py, valgrind's callgrind, world of 1): the
+3. Wall clock per call, world of 1, one process (benchmarks/percall.py): untraced, the
+   compiled hot path and the Python wrappers in alternating blocks, without the peers and the
+   scheduler of a 2-core ping-pong: the CPU time colltrace adds.
+4. Instructions per call (benchmarks/instructions.py, valgrind's callgrind, world of 1): the
    deterministic figure, untraced / traced (the compiled hot path where it was built) / the
    Python wrappers alone (COLLTRACE_PURE=1) / Flight Recorder (skipped with a note if valgrind
    is not installed, or with --no-instructions).
@@ -193,8 +196,14 @@ def main() -> int:
                med[("sep", "ddp_step", "untraced")], "step"))
     print(line("separate processes, DDP step Flight Rec.", med[("sep", "ddp_step", "flightrec")],
                med[("sep", "ddp_step", "untraced")], "step"))
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import percall
+
+    try:
+        print("\n" + percall.report(percall.measure(30, 1000)))
+    except RuntimeError as exc:
+        print(f"\nper-call wall clock, world of 1: not measured ({exc})")
     if not args.no_instructions:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import instructions
 
         try:
