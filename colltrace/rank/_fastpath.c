@@ -296,7 +296,7 @@ static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
     enum route route = SLOW;
     PyObject *result = NULL;
     int called = 0;   /* the original ran under the compiled path: its result (or exception) stands */
-    PyObject *pg = NULL, *shape = NULL, *dtype = NULL, *skey = NULL, *last_obj = NULL, *idv = NULL;
+    PyObject *pg = NULL, *shape = NULL, *dtype = NULL, *skey = NULL, *last_obj = NULL, *idv = NULL, *held = NULL;
     PyObject *rec = PyDict_GetItemWithError(p->shim, s_recorder);   /* borrowed */
     if (rec == NULL || rec == Py_None) {
         route = ORIG;
@@ -376,7 +376,10 @@ static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
         if (bad || (known = PyDict_GetItemWithError(p->sigs, skey)) == NULL)
             goto out;
     }
-    /* (sig, the Python wrapper's alone, group state, its counter getter, the group held weakly, its id) */
+    /* (sig, the Python wrapper's alone, group state, its counter getter, the group held weakly, its id),
+     * held for the call: another thread may clear the cache (a new recorder) while this one runs */
+    held = known;
+    Py_INCREF(held);
     if (PyObject_IsTrue(PyTuple_GET_ITEM(known, 1)) != 0)
         goto out;   /* a CUDA tensor (its completion is an event) or a digest to take */
     long long sig = PyLong_AsLongLong(PyTuple_GET_ITEM(known, 0));
@@ -456,6 +459,7 @@ static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
     }
 
 out:
+    Py_XDECREF(held);
     Py_XDECREF(idv);
     Py_XDECREF(last_obj);
     Py_XDECREF(skey);
