@@ -195,12 +195,18 @@ class Recorder:
         self._prev_thread_hook(args)
 
     def _at_exit(self):
-        if self.disabled:
-            return
-        self._drain_pending(final=True)
-        self.ring.heartbeat(_time())
-        self.defs.write({"k": "exit", "t": _time(), "clean": True})
+        if not self.disabled:
+            self._drain_pending(final=True)
+            self.ring.heartbeat(_time())
+            self.defs.write({"k": "exit", "t": _time(), "clean": True})
         self._stop.set()
+        # The poller is a daemon thread: left running into interpreter finalization, a torch call
+        # it is in (one that released the GIL through pybind11) ends it with pthread_exit from a
+        # noexcept destructor, and the process aborts ("terminate called without an active
+        # exception", SIGABRT). It wakes at once on _stop: wait for it, briefly.
+        poller = getattr(self, "_poller", None)
+        if poller is not None and poller.is_alive() and poller is not threading.current_thread():
+            poller.join(timeout=2.0)
 
     def disable(self, why: str | None = None):
         """Step aside for good: the program goes on untraced."""
