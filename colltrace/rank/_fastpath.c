@@ -41,9 +41,9 @@ typedef struct {          /* "<BBHIIIIIqqdQQ" (colltrace/tracefile/ringfile.py) 
 } Slot;
 #pragma pack(pop)
 
-static PyObject *s_recorder, *s_disabled, *s_local, *s_depth, *s_groups, *s_seq_fn, *s_pg, *s_last_after,
-    *s_p2p_offset, *s_id, *s_rec_ids, *s_threads, *s_thread_id, *s_stacks, *s_stack_id, *s_ring, *s_mm,
-    *s_serial, *s_slots, *s_written, *s_stack_depth, *s_fail, *s_internal_error, *s_world, *s_default_pg,
+static PyObject *s_recorder, *s_disabled, *s_local, *s_depth, *s_last_after,
+    *s_p2p_offset, *s_rec_ids, *s_threads, *s_thread_id, *s_stacks, *s_stack_id, *s_ring, *s_mm,
+    *s_serial, *s_slots, *s_stack_depth, *s_fail, *s_internal_error, *s_world, *s_default_pg,
     *s_shape, *s_dtype, *s_default_pg_field, *s_group, *s_op, *s_async_op, *one, *zero;
 
 typedef struct {
@@ -56,7 +56,7 @@ typedef struct {
     PyObject *sigs;        /* (id(pg), shape, dtype, op, async) -> what learn said, for `rec` */
     PyObject *rec;         /* the recorder the caches belong to (a strong reference) */
     /* the recorder's parts that never change for its life (recorder.py sets them once) */
-    PyObject *local, *groups, *stacks, *threads, *rec_ids, *serial, *mm;
+    PyObject *local, *stacks, *threads, *rec_ids, *serial, *mm;
     long long slots, depth;
     PyObject *world;       /* c10d._world: its default_pg is read on each call */
     Py_ssize_t tensor_pos, group_pos, op_pos, async_pos;   /* -1: not a parameter */
@@ -212,24 +212,23 @@ static long long thread_id(Plan *p, PyObject *rec)
 /* The recorder's parts, taken once per recorder (a new one after a fork or a reinstall). */
 static int adopt(Plan *p, PyObject *rec)
 {
-    PyObject *local = NULL, *groups = NULL, *stacks = NULL, *threads = NULL, *rec_ids = NULL, *ring = NULL,
+    PyObject *local = NULL, *stacks = NULL, *threads = NULL, *rec_ids = NULL, *ring = NULL,
              *serial = NULL, *mm = NULL;
     long long slots = 0, depth = 0;
     int rc = -1;
-    if ((local = PyObject_GetAttr(rec, s_local)) && (groups = PyObject_GetAttr(rec, s_groups))
+    if ((local = PyObject_GetAttr(rec, s_local))
             && (stacks = PyObject_GetAttr(rec, s_stacks)) && (threads = PyObject_GetAttr(rec, s_threads))
             && (rec_ids = PyObject_GetAttr(rec, s_rec_ids)) && (ring = PyObject_GetAttr(rec, s_ring))
             && ring != Py_None && (serial = PyObject_GetAttr(ring, s_serial)) && (mm = PyObject_GetAttr(ring, s_mm))
             && long_attr(ring, s_slots, &slots) == 0 && long_attr(rec, s_stack_depth, &depth) == 0
-            && PyDict_Check(groups) && PyDict_Check(stacks) && PyDict_Check(threads) && slots > 0) {
+            && PyDict_Check(stacks) && PyDict_Check(threads) && slots > 0) {
         Py_XSETREF(p->local, local);
-        Py_XSETREF(p->groups, groups);
         Py_XSETREF(p->stacks, stacks);
         Py_XSETREF(p->threads, threads);
         Py_XSETREF(p->rec_ids, rec_ids);
         Py_XSETREF(p->serial, serial);
         Py_XSETREF(p->mm, mm);
-        local = groups = stacks = threads = rec_ids = serial = mm = NULL;
+        local = stacks = threads = rec_ids = serial = mm = NULL;
         p->slots = slots;
         p->depth = depth;
         PyDict_Clear(p->sigs);
@@ -238,7 +237,6 @@ static int adopt(Plan *p, PyObject *rec)
         rc = 0;
     }
     Py_XDECREF(local);
-    Py_XDECREF(groups);
     Py_XDECREF(stacks);
     Py_XDECREF(threads);
     Py_XDECREF(rec_ids);
@@ -476,7 +474,7 @@ out:
 }
 
 /* every object a Plan holds, named once for the garbage collector's two walks */
-#define PLAN_OBJECTS(X) X(orig) X(slow) X(learn) X(shim) X(non_member) X(sigs) X(rec) X(local) X(groups) \
+#define PLAN_OBJECTS(X) X(orig) X(slow) X(learn) X(shim) X(non_member) X(sigs) X(rec) X(local) \
     X(stacks) X(threads) X(rec_ids) X(serial) X(mm) X(world) X(tensor_name) X(op_default)
 
 static int Plan_traverse(Plan *p, visitproc visit, void *arg)
@@ -562,11 +560,11 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastpath", "colltra
 PyMODINIT_FUNC PyInit__fastpath(void)
 {
     INTERN(s_recorder, "recorder"); INTERN(s_disabled, "disabled"); INTERN(s_local, "local");
-    INTERN(s_depth, "depth"); INTERN(s_groups, "groups"); INTERN(s_seq_fn, "seq_fn"); INTERN(s_pg, "pg");
-    INTERN(s_last_after, "last_after"); INTERN(s_p2p_offset, "p2p_offset"); INTERN(s_id, "id");
+    INTERN(s_depth, "depth");
+    INTERN(s_last_after, "last_after"); INTERN(s_p2p_offset, "p2p_offset");
     INTERN(s_rec_ids, "_rec_ids"); INTERN(s_threads, "_threads"); INTERN(s_thread_id, "thread_id");
     INTERN(s_stacks, "_stacks"); INTERN(s_stack_id, "stack_id"); INTERN(s_ring, "ring"); INTERN(s_mm, "_mm");
-    INTERN(s_serial, "_serial"); INTERN(s_slots, "slots"); INTERN(s_written, "written");
+    INTERN(s_serial, "_serial"); INTERN(s_slots, "slots");
     INTERN(s_stack_depth, "_depth"); INTERN(s_fail, "fail"); INTERN(s_internal_error, "internal_error");
     INTERN(s_world, "_world"); INTERN(s_default_pg, "default_pg"); INTERN(s_shape, "shape"); INTERN(s_dtype, "dtype"); INTERN(s_default_pg_field, "_default_pg");
     INTERN(s_group, "group"); INTERN(s_op, "op"); INTERN(s_async_op, "async_op");
