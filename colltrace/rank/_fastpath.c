@@ -41,10 +41,26 @@ typedef struct {          /* "<BBHIIIIIqqdQQ" (colltrace/tracefile/ringfile.py) 
 } Slot;
 #pragma pack(pop)
 
-static PyObject *s_recorder, *s_disabled, *s_local, *s_depth, *s_last_after,
+/* >0 while a traced call runs on this thread: the collectives it makes inside are its parts, not
+ * recorded. A C thread-local, not a threading.local: this path reads and writes it twice per call;
+ * the Python wrappers and c10d's hooks reach it as recorder.local.depth (the Local type below). */
+static __thread long tl_depth;
+
+static PyObject *s_recorder, *s_disabled, *s_local, *s_last_after, *s_compiling_flag,
     *s_p2p_offset, *s_rec_ids, *s_threads, *s_thread_id, *s_stacks, *s_stack_id, *s_ring, *s_mm,
     *s_serial, *s_slots, *s_stack_depth, *s_fail, *s_internal_error, *s_world, *s_default_pg,
-    *s_shape, *s_dtype, *s_default_pg_field, *s_group, *s_op, *s_async_op, *one, *zero;
+    *s_shape, *s_dtype, *s_default_pg_field, *s_group, *s_op, *s_async_op, *s_torch_compiler;
+
+/* Stacks this path has met, by a hash of (code, instruction offset) per frame: a hit needs no
+ * Python object. Direct-mapped, a cache of the recorder's own table (rec._stacks), which keeps every
+ * code in it alive, so a code's address is not reused while its entry stands. */
+#define STACK_CACHE 64
+typedef struct {
+    uint64_t hash;
+    uintptr_t *pairs;      /* n (code, offset) pairs, innermost first */
+    Py_ssize_t n;
+    long long sid;
+} StackEntry;
 
 typedef struct {
     PyObject_HEAD
@@ -59,6 +75,12 @@ typedef struct {
     PyObject *local, *stacks, *threads, *rec_ids, *serial, *mm;
     long long slots, depth;
     PyObject *world;       /* c10d._world: its default_pg is read on each call */
+    PyObject *compiler;    /* torch.compiler's globals: _is_compiling_flag (set while torch.export traces) */
+    /* the last call's signature and what it learned: a loop makes the same call again */
+    PyObject *m_pg, *m_shape, *m_dtype, *m_op, *m_known;
+    unsigned long m_ident;  /* the last thread and its id in the trace (0: none yet) */
+    long long m_tid;
+    StackEntry stack_cache[STACK_CACHE];
     Py_ssize_t tensor_pos, group_pos, op_pos, async_pos;   /* -1: not a parameter */
     PyObject *tensor_name, *op_default;
     int has_tensor, reducing, one_step;
@@ -69,7 +91,7 @@ static PyObject *arg(PyObject *args, PyObject *kwargs, Py_ssize_t pos, PyObject 
 {   /* borrowed; the parameter by position, else keyword, else its default */
     if (pos >= 0 && PyTuple_GET_SIZE(args) > pos)
         return PyTuple_GET_ITEM(args, pos);
-    if (kwargs != NULL && name != NULL) {
+    if (kwargs != NULL && name != NULL && PyDict_GET_SIZE(kwargs) > 0) {
         PyObject *v = PyDict_GetItemWithError(kwargs, name);
         if (v != NULL || PyErr_Occurred())
             return v;
@@ -140,39 +162,58 @@ static int ring_write(Plan *p, Slot *slot)
     return rc;
 }
 
-/* rec._stacks' key for the caller's stack: (id(code), f_lasti) per frame, innermost first;
- * on a miss, rec.stack_id(frame) interns it (and writes its definition). */
+/* The caller's stack id: (code, instruction offset) per frame, innermost first, looked up in this
+ * plan's cache; on a miss, in rec._stacks under the key recorder.stack_id makes, and where it is new,
+ * rec.stack_id(frame) interns it (and writes its definition). */
 #define MAX_DEPTH 128
+static uint64_t mix(uint64_t h, uint64_t v)
+{
+    h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    return h;
+}
+
+static void stack_cache_clear(Plan *p)
+{
+    for (int k = 0; k < STACK_CACHE; k++) {
+        PyMem_Free(p->stack_cache[k].pairs);
+        p->stack_cache[k] = (StackEntry){0, NULL, 0, 0};
+    }
+}
+
 static long long stack_id(Plan *p, PyObject *rec, PyFrameObject *caller)
 {
-    PyObject *items[2 * MAX_DEPTH];
+    uintptr_t pairs[2 * MAX_DEPTH];
     Py_ssize_t n = 0;
     long long depth = p->depth < MAX_DEPTH ? p->depth : MAX_DEPTH;
+    uint64_t h = 0xcbf29ce484222325ULL;
     PyFrameObject *f = caller;
     Py_XINCREF(f);
     while (f != NULL && n < 2 * depth) {
         PyCodeObject *code = PyFrame_GetCode(f);
-        items[n] = PyLong_FromVoidPtr(code);
+        pairs[n] = (uintptr_t)code;   /* its address only: the frame holds it */
         Py_DECREF(code);
-        items[n + 1] = PyLong_FromLong(PyFrame_GetLasti(f));
+        pairs[n + 1] = (uintptr_t)(Py_ssize_t)PyFrame_GetLasti(f);
+        h = mix(mix(h, pairs[n]), pairs[n + 1]);
         n += 2;
         PyFrameObject *back = PyFrame_GetBack(f);
         Py_DECREF(f);
         f = back;
-        if (items[n - 2] == NULL || items[n - 1] == NULL)
-            break;
     }
     Py_XDECREF(f);
+    StackEntry *e = &p->stack_cache[h % STACK_CACHE];
+    if (e->pairs != NULL && e->hash == h && e->n == n && memcmp(e->pairs, pairs, (size_t)n * sizeof(uintptr_t)) == 0)
+        return e->sid;
+
     PyObject *key = PyTuple_New(n);
-    for (Py_ssize_t k = 0; k < n; k++) {
-        if (key != NULL && items[k] != NULL)
-            PyTuple_SET_ITEM(key, k, items[k]);
-        else
-            Py_XDECREF(items[k]);
-    }
-    if (key == NULL || PyErr_Occurred()) {
-        Py_XDECREF(key);
+    if (key == NULL)
         return -1;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *v = k % 2 == 0 ? PyLong_FromVoidPtr((void *)pairs[k]) : PyLong_FromSsize_t((Py_ssize_t)pairs[k]);
+        if (v == NULL) {
+            Py_DECREF(key);
+            return -1;
+        }
+        PyTuple_SET_ITEM(key, k, v);
     }
     long long sid = -1;
     PyObject *hit = PyDict_GetItemWithError(p->stacks, key);
@@ -186,12 +227,24 @@ static long long stack_id(Plan *p, PyObject *rec, PyFrameObject *caller)
         }
     }
     Py_DECREF(key);
+    /* cached only once interned (0: its definition could not be written) and where the key is
+     * the recorder's whole key (a deeper setting than MAX_DEPTH is cut here, not there) */
+    if (sid > 0 && p->depth <= MAX_DEPTH) {
+        uintptr_t *copy = PyMem_Realloc(e->pairs, (size_t)(n ? n : 1) * sizeof(uintptr_t));
+        if (copy != NULL) {
+            memcpy(copy, pairs, (size_t)n * sizeof(uintptr_t));
+            *e = (StackEntry){h, copy, n, sid};
+        }
+    }
     return sid;
 }
 
 static long long thread_id(Plan *p, PyObject *rec)
 {
-    PyObject *ident = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+    unsigned long me = PyThread_get_thread_ident();
+    if (me == p->m_ident && p->m_ident != 0)
+        return p->m_tid;
+    PyObject *ident = PyLong_FromUnsignedLong(me);
     if (ident == NULL)
         return -1;
     long long tid = -1;
@@ -206,7 +259,125 @@ static long long thread_id(Plan *p, PyObject *rec)
         }
     }
     Py_DECREF(ident);
+    if (tid > 0) {
+        p->m_ident = me;
+        p->m_tid = tid;
+    }
     return tid;
+}
+
+/* recorder.local where this path is built: its one attribute, depth, is this file's tl_depth */
+typedef struct {
+    PyObject_HEAD
+} Local;
+
+static PyObject *Local_get_depth(PyObject *self, void *closure)
+{
+    return PyLong_FromLong(tl_depth);
+}
+
+static int Local_set_depth(PyObject *self, PyObject *value, void *closure)
+{
+    long d = value == NULL ? 0 : PyLong_AsLong(value);
+    if (d == -1 && PyErr_Occurred())
+        return -1;
+    tl_depth = d;
+    return 0;
+}
+
+static PyGetSetDef Local_getset[] = {
+    {"depth", Local_get_depth, Local_set_depth, ">0 while a traced call runs on this thread", NULL},
+    {NULL}
+};
+
+static PyTypeObject LocalType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "colltrace.rank._fastpath.Local",
+    .tp_doc = "The thread's depth in traced calls, shared by the compiled path, the Python wrappers and the hooks.",
+    .tp_basicsize = sizeof(Local),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_getset = Local_getset,
+};
+
+/* Gate(hook): c10d's per-group hook (torch >= 2.14) behind the depth test. The hooks fire inside
+ * every collective, a wrapped one too, where they only return: this returns before the Python
+ * function's frame is made. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *fn;
+    vectorcallfunc vectorcall;
+} Gate;
+
+static PyObject *Gate_vectorcall(Gate *g, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    if (tl_depth)
+        Py_RETURN_NONE;
+    return PyObject_Vectorcall(g->fn, args, nargsf, kwnames);
+}
+
+static int Gate_init(Gate *g, PyObject *args, PyObject *kwds)
+{
+    PyObject *fn;
+    if (!PyArg_ParseTuple(args, "O:Gate", &fn))
+        return -1;
+    Py_INCREF(fn);
+    Py_XSETREF(g->fn, fn);
+    g->vectorcall = (vectorcallfunc)Gate_vectorcall;
+    return 0;
+}
+
+static int Gate_traverse(Gate *g, visitproc visit, void *arg)
+{
+    Py_VISIT(g->fn);
+    return 0;
+}
+
+static int Gate_clear(Gate *g)
+{
+    Py_CLEAR(g->fn);
+    return 0;
+}
+
+static void Gate_dealloc(Gate *g)
+{
+    PyObject_GC_UnTrack(g);
+    Gate_clear(g);
+    Py_TYPE(g)->tp_free((PyObject *)g);
+}
+
+static PyObject *Gate_call(Gate *g, PyObject *args, PyObject *kwargs)
+{
+    if (tl_depth || g->fn == NULL)
+        Py_RETURN_NONE;
+    return PyObject_Call(g->fn, args, kwargs);
+}
+
+static PyTypeObject GateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "colltrace.rank._fastpath.Gate",
+    .tp_doc = "A hook that returns at once while a traced call runs on the thread.",
+    .tp_basicsize = sizeof(Gate),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(Gate, vectorcall),
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Gate_init,
+    .tp_dealloc = (destructor)Gate_dealloc,
+    .tp_traverse = (traverseproc)Gate_traverse,
+    .tp_clear = (inquiry)Gate_clear,
+    .tp_call = (ternaryfunc)Gate_call,
+};
+
+static void memo_clear(Plan *p)
+{
+    Py_CLEAR(p->m_shape);
+    Py_CLEAR(p->m_dtype);
+    Py_CLEAR(p->m_op);
+    Py_CLEAR(p->m_known);
+    p->m_pg = NULL;
+    p->m_ident = 0;
+    p->m_tid = 0;
+    stack_cache_clear(p);
 }
 
 /* The recorder's parts, taken once per recorder (a new one after a fork or a reinstall). */
@@ -221,7 +392,7 @@ static int adopt(Plan *p, PyObject *rec)
             && (rec_ids = PyObject_GetAttr(rec, s_rec_ids)) && (ring = PyObject_GetAttr(rec, s_ring))
             && ring != Py_None && (serial = PyObject_GetAttr(ring, s_serial)) && (mm = PyObject_GetAttr(ring, s_mm))
             && long_attr(ring, s_slots, &slots) == 0 && long_attr(rec, s_stack_depth, &depth) == 0
-            && PyDict_Check(stacks) && PyDict_Check(threads) && slots > 0) {
+            && PyDict_Check(stacks) && PyDict_Check(threads) && slots > 0 && Py_IS_TYPE(local, &LocalType)) {
         Py_XSETREF(p->local, local);
         Py_XSETREF(p->stacks, stacks);
         Py_XSETREF(p->threads, threads);
@@ -232,6 +403,14 @@ static int adopt(Plan *p, PyObject *rec)
         p->slots = slots;
         p->depth = depth;
         PyDict_Clear(p->sigs);
+        memo_clear(p);
+        /* torch.compiler, imported by now (a recorder starts after init_process_group) */
+        PyObject *compiler = PyImport_GetModule(s_torch_compiler);
+        PyObject *cdict = compiler ? PyModule_GetDict(compiler) : NULL;   /* borrowed */
+        Py_XINCREF(cdict);
+        Py_XSETREF(p->compiler, cdict);
+        Py_XDECREF(compiler);
+        PyErr_Clear();
         Py_INCREF(rec);
         Py_XSETREF(p->rec, rec);
         rc = 0;
@@ -287,6 +466,18 @@ static void report(PyObject *rec)
     Py_XDECREF(etb);
 }
 
+static int same_shape(PyObject *a, PyObject *b)
+{   /* torch.Size is a tuple: equal by value (a new one each call) */
+    if (a == b)
+        return 1;
+    if (a == NULL || b == NULL)
+        return 0;
+    int eq = PyObject_RichCompareBool(a, b, Py_EQ);
+    if (eq < 0)
+        PyErr_Clear();
+    return eq > 0;
+}
+
 enum route { ORIG, SLOW };
 
 static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
@@ -307,10 +498,14 @@ static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
     }
     if (p->rec != rec && adopt(p, rec) < 0)
         goto out;
-    t = truthy_attr(p->local, s_depth);
-    if (t != 0) {   /* a part of a traced call (an object collective's all_gather): not recorded */
-        route = t < 0 ? SLOW : ORIG;
+    if (tl_depth) {   /* a part of a traced call (an object collective's all_gather): not recorded */
+        route = ORIG;
         goto out;
+    }
+    if (p->compiler != NULL) {   /* torch.export traces: the Python wrapper steps aside as it says */
+        PyObject *flag = PyDict_GetItemWithError(p->compiler, s_compiling_flag);
+        if (flag == NULL ? PyErr_Occurred() != NULL : PyObject_IsTrue(flag) != 0)
+            goto out;
     }
 
     /* the group: a group colltrace has not described yet goes the slow way */
@@ -349,6 +544,11 @@ static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
     PyObject *op = p->reducing ? arg(args, kwargs, p->op_pos, s_op, p->op_default) : Py_None;
     if (op == NULL)
         goto out;
+    PyObject *known;   /* borrowed */
+    if (p->m_known != NULL && pg == p->m_pg && dtype == p->m_dtype && op == p->m_op && same_shape(shape, p->m_shape)) {
+        known = p->m_known;   /* the last call's again */
+        goto learned;
+    }
     /* the default op by identity: hashing a pybind enum calls back into Python */
     PyObject *gkey = PyLong_FromVoidPtr(pg);   /* by id: a key must not keep a destroyed group alive */
     if (gkey == NULL)
@@ -358,7 +558,7 @@ static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
     Py_DECREF(gkey);
     if (skey == NULL)
         goto out;
-    PyObject *known = PyDict_GetItemWithError(p->sigs, skey);   /* borrowed */
+    known = PyDict_GetItemWithError(p->sigs, skey);
     if (known == NULL) {
         if (PyErr_Occurred())   /* an unhashable op (premul sum): the Python wrapper names it */
             goto out;
@@ -374,6 +574,17 @@ static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
         if (bad || (known = PyDict_GetItemWithError(p->sigs, skey)) == NULL)
             goto out;
     }
+    /* remembered by identity (the group is checked against its weak reference below) */
+    p->m_pg = pg;
+    Py_XINCREF(shape);
+    Py_XSETREF(p->m_shape, shape);
+    Py_XINCREF(dtype);
+    Py_XSETREF(p->m_dtype, dtype);
+    Py_INCREF(op);
+    Py_XSETREF(p->m_op, op);
+    Py_INCREF(known);
+    Py_XSETREF(p->m_known, known);
+learned:
     /* (sig, the Python wrapper's alone, group state, its counter getter, the group held weakly, its id),
      * held for the call: another thread may clear the cache (a new recorder) while this one runs */
     held = known;
@@ -384,8 +595,11 @@ static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
     PyObject *gs = PyTuple_GET_ITEM(known, 2);
     PyObject *seq_fn = PyTuple_GET_ITEM(known, 3);
     PyObject *live = PyWeakref_GetObject(PyTuple_GET_ITEM(known, 4));   /* borrowed */
-    if (live != pg)   /* the group was freed and its id reused: learn it again */
+    if (live != pg) {   /* the group was freed and its address reused: forget it, learn the new one next call */
+        PyDict_Clear(p->sigs);
+        Py_CLEAR(p->m_known);
         goto out;
+    }
 
     /* everything the slots need, read before the first is written */
     long long gid = PyLong_AsLongLong(PyTuple_GET_ITEM(known, 5)), p2p_offset, before, last = -1, tid, sid, rec_id;
@@ -417,7 +631,7 @@ static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
     if (ok) {
         slot = (Slot){KIND_ENTER, 0, 0, (uint32_t)gid, (uint32_t)sig, (uint32_t)sid, (uint32_t)tid, 0, seq, -1, now(),
                       (uint64_t)rec_id, 0};
-        ok = ring_write(p, &slot) == 0 && PyObject_SetAttr(p->local, s_depth, one) == 0;
+        ok = ring_write(p, &slot) == 0;
     }
     if (!ok) {   /* a slot could not be written: reported once by the recorder, the call goes on untraced */
         report(rec);
@@ -427,11 +641,11 @@ static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
 
     p->hits++;
     called = 1;
+    tl_depth = 1;
     result = call_orig(p, args, kwargs);
+    tl_depth = 0;
     PyObject *exc_type, *exc_value, *exc_tb;
     PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
-    if (PyObject_SetAttr(p->local, s_depth, zero) < 0)
-        PyErr_Clear();
     if (result == NULL) {   /* the collective raised: rec.fail(ctx, exc), then the same exception */
         PyErr_NormalizeException(&exc_type, &exc_value, &exc_tb);
         PyObject *ctx = Py_BuildValue("(LOLLi)", rec_id, gs, before, seq, 0);
@@ -475,7 +689,8 @@ out:
 
 /* every object a Plan holds, named once for the garbage collector's two walks */
 #define PLAN_OBJECTS(X) X(orig) X(slow) X(learn) X(shim) X(non_member) X(sigs) X(rec) X(local) \
-    X(stacks) X(threads) X(rec_ids) X(serial) X(mm) X(world) X(tensor_name) X(op_default)
+    X(stacks) X(threads) X(rec_ids) X(serial) X(mm) X(world) X(tensor_name) X(op_default) X(compiler) \
+    X(m_shape) X(m_dtype) X(m_op) X(m_known)
 
 static int Plan_traverse(Plan *p, visitproc visit, void *arg)
 {
@@ -488,6 +703,8 @@ static int Plan_clear(Plan *p)
 {
 #define CLEAR_FIELD(f) Py_CLEAR(p->f);
     PLAN_OBJECTS(CLEAR_FIELD)
+    p->m_pg = NULL;
+    stack_cache_clear(p);
     return 0;
 }
 
@@ -522,6 +739,7 @@ static int Plan_init(Plan *p, PyObject *args, PyObject *kwds)
     Py_INCREF(op_default); Py_XSETREF(p->op_default, op_default);
     Py_XSETREF(p->sigs, sigs);
     Py_CLEAR(p->rec);
+    memo_clear(p);
     p->tensor_pos = tensor_pos;
     p->group_pos = group_pos;
     p->op_pos = op_pos;
@@ -560,7 +778,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastpath", "colltra
 PyMODINIT_FUNC PyInit__fastpath(void)
 {
     INTERN(s_recorder, "recorder"); INTERN(s_disabled, "disabled"); INTERN(s_local, "local");
-    INTERN(s_depth, "depth");
+    INTERN(s_compiling_flag, "_is_compiling_flag"); INTERN(s_torch_compiler, "torch.compiler");
     INTERN(s_last_after, "last_after"); INTERN(s_p2p_offset, "p2p_offset");
     INTERN(s_rec_ids, "_rec_ids"); INTERN(s_threads, "_threads"); INTERN(s_thread_id, "thread_id");
     INTERN(s_stacks, "_stacks"); INTERN(s_stack_id, "stack_id"); INTERN(s_ring, "ring"); INTERN(s_mm, "_mm");
@@ -568,9 +786,7 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     INTERN(s_stack_depth, "_depth"); INTERN(s_fail, "fail"); INTERN(s_internal_error, "internal_error");
     INTERN(s_world, "_world"); INTERN(s_default_pg, "default_pg"); INTERN(s_shape, "shape"); INTERN(s_dtype, "dtype"); INTERN(s_default_pg_field, "_default_pg");
     INTERN(s_group, "group"); INTERN(s_op, "op"); INTERN(s_async_op, "async_op");
-    if ((one = PyLong_FromLong(1)) == NULL || (zero = PyLong_FromLong(0)) == NULL)
-        return NULL;
-    if (PyType_Ready(&PlanType) < 0)
+    if (PyType_Ready(&PlanType) < 0 || PyType_Ready(&LocalType) < 0 || PyType_Ready(&GateType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
@@ -578,6 +794,18 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     Py_INCREF(&PlanType);
     if (PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0) {
         Py_DECREF(&PlanType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&LocalType);
+    if (PyModule_AddObject(m, "Local", (PyObject *)&LocalType) < 0) {
+        Py_DECREF(&LocalType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&GateType);
+    if (PyModule_AddObject(m, "Gate", (PyObject *)&GateType) < 0) {
+        Py_DECREF(&GateType);
         Py_DECREF(m);
         return NULL;
     }

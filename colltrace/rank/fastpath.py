@@ -27,6 +27,20 @@ def available() -> bool:
     return _fastpath is not None
 
 
+def thread_local(settings):
+    """The recorder's per-thread depth where the compiled path runs (a C thread-local it reads
+    without a lookup), else None: the recorder keeps a threading.local."""
+    if _fastpath is None or getattr(settings, "pure", False):
+        return None
+    return _fastpath.Local()
+
+
+def gate(hook):
+    """c10d's hook `hook` behind the compiled depth test: it returns at once inside a traced call
+    (where the Python hook would return too) without running Python. The hook itself elsewhere."""
+    return hook if _fastpath is None else _fastpath.Gate(hook)
+
+
 def plan(orig, slow, learn, shim_globals: dict, world, non_member, params, tensor_param, reducing: bool,
          one_step: bool = False):
     """The compiled hot path for one collective, or None where it does not apply.

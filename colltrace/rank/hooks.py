@@ -17,6 +17,7 @@ import sys
 import threading
 import weakref
 
+from colltrace.rank import fastpath
 from colltrace.tracefile.ringfile import F_ASYNC, F_P2P
 
 HOOK_ID = 0x636F6C6C   # "coll": one id per group, ours; a program's own hooks use their own ids
@@ -85,8 +86,9 @@ def attach(pg, shim) -> bool:
                 _register_exit()
             _attached.add(pg)
         ref = weakref.ref(pg)
-        pg.register_pre_hook(HOOK_ID, _make_pre(ref, shim))
-        pg.register_post_hook(HOOK_ID, _make_post(shim))
+        # gated: inside a wrapped call the hooks return before any Python runs (fastpath.gate)
+        pg.register_pre_hook(HOOK_ID, fastpath.gate(_make_pre(ref, shim)))
+        pg.register_post_hook(HOOK_ID, fastpath.gate(_make_post(shim)))
         return True
     except Exception as exc:   # an odd group: the wrappers still trace it
         _report(shim, exc)
@@ -127,6 +129,21 @@ def _report(shim, exc) -> None:
             rec.internal_error(exc)
         except Exception:
             pass
+
+
+def _user_frame(frame, shim_file, depth):
+    """The stack to record: from `frame`, or where a colltrace wrapper stands on it (one that
+    stepped aside and called torch itself, as while torch.export traces), from its caller, as
+    the wrapper would have recorded it; colltrace's own frames are never a user's stack."""
+    f = frame
+    while f is not None and depth > 0:
+        if f.f_code.co_filename == shim_file:
+            while f is not None and f.f_code.co_filename == shim_file:
+                f = f.f_back
+            return f
+        f = f.f_back
+        depth -= 1
+    return frame
 
 
 def _make_pre(ref, shim):
@@ -181,7 +198,7 @@ def _make_pre(ref, shim):
             backend_op = shim.BACKEND_OVERRIDES.get((gs.backend, bop), bop)
             sig = rec.sig_id((bop, backend_op, gs.id, shapes, dtypes, None, root, peer, is_async))
             try:
-                frame = getframe(1)
+                frame = _user_frame(getframe(1), shim.__file__, rec._depth)
             except ValueError:   # a thread with no Python frames (a C++ autograd thread)
                 frame = None
             local.open = (args.op_id, rec.enter(gs, sig, frame, flags, pair, peer))

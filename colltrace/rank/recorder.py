@@ -17,7 +17,7 @@ import time
 import traceback
 import weakref
 
-from colltrace.rank import flightrecorder
+from colltrace.rank import fastpath, flightrecorder
 from colltrace.analysis import origins
 from colltrace.host import probes
 from colltrace.tracefile import ringfile, storage
@@ -96,7 +96,7 @@ class Recorder:
             raise storage.StorageError(self._storage_text(exc)) from exc
         self.fault_path = rank_file(d, rank, "fault.txt")
         self._fault_file = None
-        self.local = _Local()
+        self.local = fastpath.thread_local(settings) or _Local()
         self._depth = settings.stack_depth
         self.digest_bytes = settings.digest_bytes
         self._codes: dict = {}

@@ -85,6 +85,9 @@ recorder = None  # the live Recorder; read by every wrapper
 _c10d = None
 _NON_MEMBER = object()
 _is_compiling = lambda: False  # noqa: E731 - replaced by torch.compiler.is_compiling at install
+# The compiled path's cheaper test (one plain function Dynamo folds to True); the C code reads
+# torch.compiler's export flag, the rest of is_compiling, itself.
+_is_dynamo_compiling = lambda: False  # noqa: E731
 
 
 def _dtype_name(dt, _cache={}):
@@ -323,7 +326,7 @@ def _make_c10d_wrapper(name, orig):
 
     @functools.wraps(orig)
     def fast(*args, **kwargs):
-        if _is_compiling():   # Dynamo traces this function: the compiled path stays out of its way
+        if _is_dynamo_compiling():   # Dynamo traces this function: the compiled path stays out of its way
             return orig(*args, **kwargs)
         return plan(*args, **kwargs)
 
@@ -457,11 +460,12 @@ def _ensure_recorder():
             for other in list(c10d._world.pg_names):
                 if other is not pg and other is not None:
                     rec.group_state(other, _describe_group)
-            global _is_compiling
+            global _is_compiling, _is_dynamo_compiling
             try:  # resolved here, not at install: install may run while torch is still importing
                 import torch.compiler
 
                 _is_compiling = torch.compiler.is_compiling
+                _is_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", _is_compiling)
             except Exception:
                 pass
             recorder = rec

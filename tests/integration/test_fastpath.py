@@ -28,8 +28,8 @@ def records(job, rank):
     return out
 
 
-def run(gloo_job, **env):
-    job = gloo_job("all_ops.py", 2, env=env)
+def run(gloo_job, script="all_ops.py", **env):
+    job = gloo_job(script, 2, env=env)
     assert job.wait(120) == [0, 0], job.stderr(0)
     hits = [json.loads(l[len("FASTPATH "):])["hits"] for l in job.stdout(0).splitlines() if l.startswith("FASTPATH ")]
     return job, hits[0]
@@ -43,6 +43,21 @@ def test_the_compiled_path_records_what_the_python_wrappers_record(gloo_job):
     for rank in (0, 1):
         got, want = records(fast, rank), records(pure, rank)
         assert len(got) == len(want) and got == want
+
+
+def test_what_the_compiled_path_remembers_never_changes_a_record(gloo_job):
+    # alternating signatures, more call sites than its stack cache holds, two threads, and the
+    # calls it must leave to the Python wrapper (torch.export's flag) or to no one (object parts)
+    fast, hits = run(gloo_job, "fastpath_caches.py")
+    pure, _ = run(gloo_job, "fastpath_caches.py", COLLTRACE_PURE="1")
+    for rank in (0, 1):
+        got, want = records(fast, rank), records(pure, rank)
+        assert len(got) == len(want) and got == want
+        sites = [r["frames"][-1] for r in got if r["frames"] and r["frames"][-1].startswith("generated_sites.py")]
+        assert len(sites) == 160 and len(set(sites)) == 80   # innermost frame: each site its own line
+        assert {r["thread"] for r in got if r["thread"]} == {"MainThread", "worker"}
+    # every plain all_reduce but the one made while exporting went the compiled way
+    assert hits == 9 + 160 + 6 + 2 + 1
 
 
 def test_a_failure_inside_the_compiled_path_is_said_once_and_the_job_goes_on(gloo_job):

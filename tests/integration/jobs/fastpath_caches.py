@@ -1,0 +1,47 @@
+"""What the compiled path remembers between calls, on 2 gloo ranks: the last call's signature
+(shapes, dtypes and ops that alternate), the caller's stack (more call sites than its cache
+holds, met twice), the calling thread (two threads, one after the other), and the calls it must
+leave alone (torch.export's compiling flag, an object collective's parts)."""
+import json
+import threading
+
+import torch
+import torch.compiler
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+sub = dist.new_group([0, 1])
+tensors = [torch.ones(3), torch.ones(2, 2, dtype=torch.float64), torch.ones(3, dtype=torch.int32)]
+for i in range(9):   # op: alternating
+    dist.all_reduce(tensors[i % 3], op=dist.ReduceOp.MAX if i % 2 else dist.ReduceOp.SUM)
+
+# 80 call sites, each its own line (the compiled path caches 64 stacks), all met twice
+sites = "".join(f"def site_{k}(t):\n    dist.all_reduce(t)\n" for k in range(80))
+space = {"dist": dist}
+exec(compile(sites, "generated_sites.py", "exec"), space)
+for _ in range(2):
+    for k in range(80):
+        space[f"site_{k}"](tensors[0])
+
+
+def other_thread():
+    for _ in range(3):
+        dist.all_reduce(tensors[0], group=sub)   # op: thread
+
+
+for _ in range(2):
+    t = threading.Thread(target=other_thread, name=f"worker")
+    t.start()
+    t.join()
+    dist.all_reduce(tensors[0])   # op: main_thread
+
+torch.compiler._is_compiling_flag = True   # as torch.export sets it: no wrapper records this call
+dist.all_reduce(tensors[0])   # op: exporting
+torch.compiler._is_compiling_flag = False
+objs = [None, None]
+dist.all_gather_object(objs, rank)   # op: object
+dist.all_reduce(tensors[0])   # op: last
+dist.destroy_process_group()
+plan = getattr(dist.all_reduce, "__colltrace_plan__", None)
+print("FASTPATH " + json.dumps({"hits": plan.hits if plan is not None else None}))
