@@ -48,7 +48,7 @@ static __thread long tl_depth;
 
 static PyObject *s_recorder, *s_disabled, *s_local, *s_last_after, *s_compiling_flag,
     *s_p2p_offset, *s_rec_ids, *s_threads, *s_thread_id, *s_stacks, *s_stack_id, *s_ring, *s_mm,
-    *s_serial, *s_slots, *s_stack_depth, *s_fail, *s_internal_error, *s_world, *s_default_pg,
+    *s_serial, *s_slots, *s_stack_depth, *s_fail, *s_internal_error, *s_default_pg,
     *s_shape, *s_dtype, *s_default_pg_field, *s_group, *s_op, *s_async_op, *s_torch_compiler;
 
 /* Stacks this path has met, by a hash of (code, instruction offset) per frame: a hit needs no
@@ -784,30 +784,17 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     INTERN(s_stacks, "_stacks"); INTERN(s_stack_id, "stack_id"); INTERN(s_ring, "ring"); INTERN(s_mm, "_mm");
     INTERN(s_serial, "_serial"); INTERN(s_slots, "slots");
     INTERN(s_stack_depth, "_depth"); INTERN(s_fail, "fail"); INTERN(s_internal_error, "internal_error");
-    INTERN(s_world, "_world"); INTERN(s_default_pg, "default_pg"); INTERN(s_shape, "shape"); INTERN(s_dtype, "dtype"); INTERN(s_default_pg_field, "_default_pg");
+    INTERN(s_default_pg, "default_pg"); INTERN(s_shape, "shape"); INTERN(s_dtype, "dtype"); INTERN(s_default_pg_field, "_default_pg");
     INTERN(s_group, "group"); INTERN(s_op, "op"); INTERN(s_async_op, "async_op");
-    if (PyType_Ready(&PlanType) < 0 || PyType_Ready(&LocalType) < 0 || PyType_Ready(&GateType) < 0)
-        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    Py_INCREF(&PlanType);
-    if (PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0) {
-        Py_DECREF(&PlanType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&LocalType);
-    if (PyModule_AddObject(m, "Local", (PyObject *)&LocalType) < 0) {
-        Py_DECREF(&LocalType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&GateType);
-    if (PyModule_AddObject(m, "Gate", (PyObject *)&GateType) < 0) {
-        Py_DECREF(&GateType);
-        Py_DECREF(m);
-        return NULL;
+    PyTypeObject *types[] = {&PlanType, &LocalType, &GateType};
+    for (size_t k = 0; k < sizeof(types) / sizeof(types[0]); k++) {
+        if (PyType_Ready(types[k]) < 0 || PyModule_AddType(m, types[k]) < 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
     }
     return m;
 }
