@@ -13,6 +13,7 @@ group (`register_pre_hook`), never by version: on torch 2.13 this module attache
 """
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import weakref
@@ -131,23 +132,29 @@ def _report(shim, exc) -> None:
             pass
 
 
-def _user_frame(frame, shim_file, depth):
+def _user_frame(frame, shim_file, torch_dir):
     """The stack to record: from `frame`, or where a colltrace wrapper stands on it (one that
     stepped aside and called torch itself, as while torch.export traces), from its caller, as
-    the wrapper would have recorded it; colltrace's own frames are never a user's stack."""
+    the wrapper would have recorded it; colltrace's own frames are never a user's stack. Only
+    torch.distributed's own frames (the function and its logger) can stand between the hook and
+    such a wrapper, so the walk stops at the first other frame: DDP's reducer checks one."""
     f = frame
-    while f is not None and depth > 0:
-        if f.f_code.co_filename == shim_file:
+    while f is not None:
+        name = f.f_code.co_filename
+        if name == shim_file:
             while f is not None and f.f_code.co_filename == shim_file:
                 f = f.f_back
             return f
+        if not name.startswith(torch_dir):
+            return frame
         f = f.f_back
-        depth -= 1
     return frame
 
 
 def _make_pre(ref, shim):
     getframe = sys._getframe
+    dist = sys.modules.get("torch.distributed")   # imported: a group exists
+    torch_dir = os.path.dirname(dist.__file__) + os.sep if getattr(dist, "__file__", None) else "\0"
     local = _local
     gs_cache = []
 
@@ -198,7 +205,7 @@ def _make_pre(ref, shim):
             backend_op = shim.BACKEND_OVERRIDES.get((gs.backend, bop), bop)
             sig = rec.sig_id((bop, backend_op, gs.id, shapes, dtypes, None, root, peer, is_async))
             try:
-                frame = _user_frame(getframe(1), shim.__file__, rec._depth)
+                frame = _user_frame(getframe(1), shim.__file__, torch_dir)
             except ValueError:   # a thread with no Python frames (a C++ autograd thread)
                 frame = None
             local.open = (args.op_id, rec.enter(gs, sig, frame, flags, pair, peer))

@@ -31,7 +31,7 @@ def other_thread():
 
 
 for _ in range(2):
-    t = threading.Thread(target=other_thread, name=f"worker")
+    t = threading.Thread(target=other_thread, name="worker")
     t.start()
     t.join()
     dist.all_reduce(tensors[0])   # op: main_thread
