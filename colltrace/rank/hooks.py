@@ -133,8 +133,8 @@ def _report(shim, exc) -> None:
 
 
 def _user_frame(frame, shim_file, torch_dir):
-    """The stack to record: from `frame`, or where a colltrace wrapper stands on it (one that
-    stepped aside and called torch itself, as while torch.export traces), from its caller, as
+    """The stack to record while torch.export traces: from `frame`, or where a colltrace wrapper
+    stands on it (one that stepped aside and called torch itself), from its caller, as
     the wrapper would have recorded it; colltrace's own frames are never a user's stack. Only
     torch.distributed's own frames (the function and its logger) can stand between the hook and
     such a wrapper, so the walk stops at the first other frame: DDP's reducer checks one."""
@@ -155,6 +155,7 @@ def _make_pre(ref, shim):
     getframe = sys._getframe
     dist = sys.modules.get("torch.distributed")   # imported: a group exists
     torch_dir = os.path.dirname(dist.__file__) + os.sep if getattr(dist, "__file__", None) else "\0"
+    compiler = sys.modules.get("torch.compiler")
     local = _local
     gs_cache = []
 
@@ -205,7 +206,9 @@ def _make_pre(ref, shim):
             backend_op = shim.BACKEND_OVERRIDES.get((gs.backend, bop), bop)
             sig = rec.sig_id((bop, backend_op, gs.id, shapes, dtypes, None, root, peer, is_async))
             try:
-                frame = _user_frame(getframe(1), shim.__file__, torch_dir)
+                frame = getframe(1)
+                if getattr(compiler, "_is_compiling_flag", False):   # only then does a wrapper step aside for torch
+                    frame = _user_frame(frame, shim.__file__, torch_dir)
             except ValueError:   # a thread with no Python frames (a C++ autograd thread)
                 frame = None
             local.open = (args.op_id, rec.enter(gs, sig, frame, flags, pair, peer))
