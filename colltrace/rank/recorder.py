@@ -214,6 +214,10 @@ class Recorder:
             return
         self.disabled = True
         self._stop.set()
+        # Nothing polls the works any more: let go of them now, not at interpreter exit, where
+        # the last reference to a gloo work may be dropped as the interpreter shuts down.
+        with self._pending_lock:
+            self._pending = []
         if why:
             try:
                 self.defs.write({"k": "note", "t": _time(), "text": f"tracing disabled: {why}"})
