@@ -436,8 +436,13 @@ def act_on(finding: dict, on_hang: str, abort_stall_s: float = 0.0) -> tuple[boo
     hang; abort acts on certain ones (mismatch, deadlock, dead rank, a collective every member
     entered) at once, and on a stall only when every rank it waits for is frozen (none moves, none
     waits for I/O), or once it has lasted COLLTRACE_ABORT_STALL_S (when set). A rank that cannot
-    be observed at all (another host without a watchdog, no trace) counts as frozen, as before."""
+    be observed at all (another host without a watchdog, no trace) counts as frozen, as before.
+    A rank that died at interpreter exit, after its program finished, is reported and never acted
+    on while no rank waits for it (the other ranks are finishing too)."""
     kind = str(finding.get("kind") or "hang")
+    if kind == "dead_rank" and (finding.get("exit") or {}).get("at_exit") and not finding.get("waiting") \
+            and not finding.get("failed"):
+        return False, kind   # it died as its interpreter ended, its program done: no one is kept waiting
     states = missing_states(finding)
     if on_hang != "abort" or not states:
         return True, kind

@@ -235,7 +235,7 @@ def _exit_text(e: dict) -> str:
             text += f" ({ex['exception']})"
         return text
     if ex.get("signal"):
-        return f"died of {ex['signal']}"
+        return f"died of {ex['signal']}" + (" at interpreter exit, after its program had finished" if ex.get("at_exit") else "")
     return "vanished (no exit record: killed by SIGKILL/SIGTERM, or died in native code)"
 
 
@@ -595,6 +595,10 @@ def _advice_dead(f: dict, look: dict) -> str:
     how = _exit_text(e)
     why = look.get("reason")
     exc = (e.get("exit") or {}).get("exception") if isinstance(e.get("exit"), dict) else None
+    if (e.get("exit") or {}).get("at_exit") and not f.get("waiting") and not f.get("failed"):
+        return (f"Nothing waits for rank {rank}: its program had finished. A signal this late comes from native "
+                f"threads still running as Python shuts down (gloo's, when a process group outlives "
+                f"destroy_process_group or is never destroyed); its log has the stack.")
     if why == "error" and exc:
         at = user_location(e["stack"]) if e.get("stack") else None
         return f"Look first at rank {rank}'s error, {exc}" + (f", raised at {at}" if at else "") + " (its log has the traceback)."

@@ -315,7 +315,12 @@ class RankTrace:
         """What the files alone say about how this rank ended."""
         fault = self.fault()
         if fault and fault.get("signal"):
-            return "dead", {"signal": fault["signal"], "code": fault["code"]}
+            info = {"signal": fault["signal"], "code": fault["code"]}
+            if self.exit is not None:
+                # after its exit record: the program had finished, the interpreter was shutting
+                # down (gloo aborts there when its threads outlive Python); no collective is left
+                info["at_exit"] = True
+            return "dead", info
         if self.exception is not None:
             # the main thread's uncaught exception: the rank is ending (code 1) even while its
             # interpreter still shuts down, and others waiting for it must hear why now

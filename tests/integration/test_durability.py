@@ -51,3 +51,26 @@ def test_record_of_the_collective_a_rank_died_in_is_readable(gloo_job, how):
         assert rank1["status"] == "dead" and rank1["exit"]["signal"] == SIGNALS[how].name
         fault = open(os.path.join(job.dir, "rank-00001.fault.txt")).read()
         assert FAULT_TEXT[how] in fault and "die_in_collective.py" in fault
+
+
+def test_a_rank_that_dies_at_interpreter_exit_is_reported_and_nothing_is_ended(gloo_job):
+    # rank 1 aborts after its program finished (colltrace's exit record is written by then); rank 0
+    # is still running: COLLTRACE_ON_HANG=abort must leave it alone, no rank waits for rank 1.
+    job = gloo_job("abort_at_exit.py", 2, env={"COLLTRACE_ON_HANG": "abort", "COLLTRACE_STALL_S": "1"})
+    assert job.wait(60) == [0, -signal.SIGABRT], job.stderr(0)[-3000:]
+    (f,) = [f for f in findings(job.dir) if f["kind"] == "dead_rank"]
+    assert f["rank"] == 1 and f["exit"]["signal"] == "SIGABRT" and f["exit"]["at_exit"] is True
+    assert f["waiting"] == [] and f["last_collective"]["op"] == "barrier"
+    assert "died of SIGABRT at interpreter exit, after its program had finished" in f["summary"]
+    assert "Nothing waits for rank 1" in f["advice"]
+    assert "COLLTRACE_ON_HANG=abort" not in job.stderr(0) + job.stderr(1)
+
+
+def findings(directory):
+    import json
+
+    path = os.path.join(directory, "findings.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -140,3 +140,12 @@ def test_abort_stall_s_setting():
     assert config.load({}).abort_stall_s == 0.0
     bad = config.load({"COLLTRACE_ABORT_STALL_S": "soon"})
     assert bad.abort_stall_s == 0.0 and "COLLTRACE_ABORT_STALL_S" in bad.warnings[0]
+
+
+def test_a_rank_dead_at_interpreter_exit_is_acted_on_only_once_someone_waits_for_it():
+    dead = {"kind": "dead_rank", "rank": 1, "exit": {"signal": "SIGABRT", "code": -6, "at_exit": True},
+            "waiting": [], "failed": [], "missing_ranks": [], "ranks": {}}
+    assert not probes.act_on(dead, "abort")[0] and not probes.act_on(dead, "dump")[0]
+    waited = dict(dead, waiting=[{"ranks": [0], "group": "0", "seq": 3}], missing_ranks=[1])
+    assert probes.act_on(waited, "abort")[0]
+    assert probes.act_on(dict(dead, exit={"signal": "SIGABRT", "code": -6}), "abort")[0]   # died mid-run
