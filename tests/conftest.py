@@ -173,13 +173,9 @@ class TorchrunJob:
         return self.proc.returncode
 
     def findings(self) -> list[dict]:
-        import json
+        from helpers.jobs import findings
 
-        path = os.path.join(self.dir, "findings.jsonl")
-        if not os.path.exists(path):
-            return []
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
+        return findings(self.dir)
 
 
 def _kill_tree(pid: int) -> None:

@@ -2,6 +2,7 @@
 `# op: NAME` markers, the user's own frame of a record, file:line sets of a finding's rank."""
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -43,3 +44,12 @@ def user_line(record, script):
 
 def frames_line(rank_info) -> set[str]:
     return {f"{os.path.basename(f['file'])}:{f['line']}" for f in rank_info.get("frames") or []}
+
+
+def findings(directory: str) -> list[dict]:
+    """The findings a watchdog wrote to `directory` (findings.jsonl), [] before any."""
+    path = os.path.join(directory, "findings.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from colltrace.tracefile import reader
-from helpers.jobs import markers, user_line
+from helpers.jobs import findings, markers, user_line
 
 
 def wait_for(pred, timeout, what):
@@ -65,12 +65,3 @@ def test_a_rank_that_dies_at_interpreter_exit_is_reported_and_nothing_is_ended(g
     assert "Nothing waits for rank 1" in f["advice"]
     assert "COLLTRACE_ON_HANG=abort" not in job.stderr(0) + job.stderr(1)
 
-
-def findings(directory):
-    import json
-
-    path = os.path.join(directory, "findings.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]

@@ -2,13 +2,14 @@
 MultiProcessTestCase (one launcher process, a FileStore per test, no MASTER_PORT) included."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import time
 
 import pytest
+
+from helpers.jobs import findings
 
 JOBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jobs")
 import expecttest  # noqa: E402,F401 - torch.testing._internal needs it (the test extra): fail loudly without
@@ -30,14 +31,6 @@ def kill_all(pid, directory):
             p.kill()
         except psutil.Error:
             pass
-
-
-def findings(directory):
-    try:
-        with open(os.path.join(directory, "findings.jsonl")) as f:
-            return [json.loads(line) for line in f if line.strip()]
-    except FileNotFoundError:
-        return []
 
 
 def funcs(finding):

@@ -3,23 +3,14 @@ folders, separate watchdogs) give one verdict; a store that cannot be reached, o
 the job runs, costs one warning and nothing else."""
 from __future__ import annotations
 
-import json
 import os
 import time
 
 import pytest
 
-from helpers.jobs import frames_line, loc
+from helpers.jobs import findings, frames_line, loc
 
 pytestmark = pytest.mark.slow
-
-
-def read_findings(directory) -> list[dict]:
-    path = os.path.join(directory, "findings.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def test_two_hosts_one_verdict_through_the_store(gloo_job, tmp_path):
@@ -34,8 +25,8 @@ def test_two_hosts_one_verdict_through_the_store(gloo_job, tmp_path):
                                        "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": str(r % 2)})
     codes = job.wait(120)
     assert all(c != 0 for c in codes), codes           # every rank ended by the abort, none left hanging
-    (f,) = read_findings(dirs["a"])
-    assert f["kind"] == "deadlock" and read_findings(dirs["b"]) == []
+    (f,) = findings(dirs["a"])
+    assert f["kind"] == "deadlock" and findings(dirs["b"]) == []
     r = f["ranks"]
     assert r["2"]["host"] == "b" and r["3"]["host"] == "b" and r["0"]["host"] == "a"
     assert r["2"]["op"] == "barrier" and r["3"]["op"] == "gather"
@@ -74,7 +65,7 @@ def test_an_unreachable_store_costs_one_warning_and_the_host_is_still_watched(gl
     job = gloo_job("scenarios.py", 4, args=["deadlock"],
                    env={"COLLTRACE_ON_HANG": "abort", "COLLTRACE_STORE": "127.0.0.1:1"})
     assert all(c != 0 for c in job.wait(120))
-    (f,) = read_findings(job.dir)
+    (f,) = findings(job.dir)
     assert f["kind"] == "deadlock"
     err = "".join(job.stderr(r) for r in range(4))
     assert err.count("cannot reach") <= 1
@@ -97,7 +88,7 @@ def test_the_store_dying_mid_run_changes_nothing_for_the_job(gloo_job):
     assert [job.stdout(r) for r in range(2)] == expected
     err = job.stderr(0) + job.stderr(1)
     assert err.count("colltrace: warning:") <= 1 and "Traceback" not in err, err
-    assert read_findings(job.dir) == []
+    assert findings(job.dir) == []
 
 
 def test_the_jobs_store_is_left_as_untraced_and_nothing_is_said(gloo_job, tmp_path):

@@ -3,7 +3,6 @@ with its own trace folder (its own disk). The ranks meet over the veth only; so 
 watchdogs (the leader's meeting point, announced in the job's store)."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -14,7 +13,7 @@ import uuid
 
 import pytest
 
-from test_detection import frames_line, loc
+from helpers.jobs import findings, frames_line, loc
 
 pytestmark = pytest.mark.slow
 
@@ -83,14 +82,6 @@ def _torchrun(hosts, host: str, node_rank: int, directory: str, scenario: str, e
                             start_new_session=True)
 
 
-def _findings(directory) -> list[dict]:
-    path = os.path.join(directory, "findings.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def test_a_hang_across_two_hosts_is_named_by_the_leader_and_abort_ends_both(two_hosts, tmp_path):
     """The cross-group deadlock with ranks 2-3 on host b, default (long) timeouts: the leader
     (host a) names host b's ranks where they wait, and abort ends the ranks of both hosts."""
@@ -107,8 +98,8 @@ def test_a_hang_across_two_hosts_is_named_by_the_leader_and_abort_ends_both(two_
             outs[h] = p.communicate()
             raise AssertionError(f"host {h}'s torchrun still running after 150 s:\n{outs[h][1][-3000:]}")
     assert procs["a"].returncode != 0 and procs["b"].returncode != 0, outs
-    (f,) = _findings(dirs["a"])
-    assert f["kind"] == "deadlock" and _findings(dirs["b"]) == []
+    (f,) = findings(dirs["a"])
+    assert f["kind"] == "deadlock" and findings(dirs["b"]) == []
     r = f["ranks"]
     assert r["0"]["host"] == "a" and r["2"]["host"] == "b" and r["3"]["host"] == "b"
     assert r["2"]["op"] == "barrier" and r["3"]["op"] == "gather"

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from helpers.jobs import markers
+from helpers.jobs import findings, markers
 
 pytestmark = pytest.mark.slow
 SCRIPT = "where_missing.py"
@@ -20,18 +20,10 @@ def loc(marker: str) -> str:
     return f"{SCRIPT}:{markers(SCRIPT)[marker]}"
 
 
-def findings(job) -> list[dict]:
-    path = os.path.join(job.dir, "findings.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def wait_finding(job, kind, timeout=60.0) -> dict:
     deadline = time.time() + timeout
     while time.time() < deadline:
-        found = [f for f in findings(job) if f["kind"] == kind]
+        found = [f for f in findings(job.dir) if f["kind"] == kind]
         if found:
             return found[0]
         if all(p.poll() is not None for p in job.procs):
@@ -82,7 +74,7 @@ def test_a_busy_slow_rank_is_reported_not_killed_under_abort(gloo_job):
     job = gloo_job(SCRIPT, 2, args=["busy"], env={"COLLTRACE_STALL_S": "1.5", "COLLTRACE_ON_HANG": "abort",
                                                    "BUSY_S": "6"})
     assert job.wait(90) == [0, 0], job.stderr(0)[-3000:]
-    (f,) = [f for f in findings(job) if f["kind"] == "stall"]
+    (f,) = [f for f in findings(job.dir) if f["kind"] == "stall"]
     a = f["ranks"]["1"]["activity"]
     assert a["state"] == "progressing" and a["how"] == "busy"
     assert "long_eval" in a["at"]["func"]
@@ -96,7 +88,7 @@ def test_a_frozen_rank_is_ended_under_abort(gloo_job):
     job = gloo_job(SCRIPT, 2, args=["sleep"], env={"COLLTRACE_STALL_S": "1.5", "COLLTRACE_ON_HANG": "abort"})
     codes = job.wait(90)
     assert codes[0] != 0 and codes[1] != 0
-    (f,) = [f for f in findings(job) if f["kind"] == "stall"]
+    (f,) = [f for f in findings(job.dir) if f["kind"] == "stall"]
     assert f["ranks"]["1"]["activity"]["state"] == "frozen"
     assert "COLLTRACE_ON_HANG=abort (stall: rank 1 frozen)" in job.stderr(0) + job.stderr(1)
 
@@ -110,7 +102,7 @@ def test_an_exception_names_its_type_message_and_line_within_a_second(gloo_job):
     assert f["rank"] == 1 and f["exit"]["exception"] == "ValueError: bad batch 7"
     assert loc("raise") in frames_line(f["ranks"]["1"])
     assert "ValueError: bad batch 7" in f["summary"] and f"{loc('raise')} (load_batch)" in f["summary"]
-    assert len([x for x in findings(job) if x["kind"] == "dead_rank"]) == 1   # rank 0's error is a consequence
+    assert len([x for x in findings(job.dir) if x["kind"] == "dead_rank"]) == 1   # rank 0's error is a consequence
     with open(os.path.join(job.dir, "rank-00001.defs.jsonl")) as fh:
         (raised,) = [d for d in map(json.loads, fh) if d.get("k") == "exception"]
     assert f["detected_at"] - raised["t"] < 1.0
