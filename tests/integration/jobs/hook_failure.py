@@ -17,4 +17,5 @@ except (ImportError, AttributeError):   # untraced
 for _ in range(3):
     pg.allreduce([x]).wait()
 print("RESULT", x.tolist(), flush=True)
+del pg   # a group kept alive past its destruction makes gloo abort at exit
 dist.destroy_process_group()

@@ -56,4 +56,5 @@ from colltrace.rank import fastpath   # noqa: E402
 
 hits = fastpath._fastpath.hook_hits() if fastpath.available() else None
 print("HOOKFAST " + json.dumps({"hits": hits}), flush=True)
+del model, work, pg, sub   # nothing of ours may keep a group alive past its destruction (gloo aborts at exit)
 dist.destroy_process_group()
