@@ -1,6 +1,6 @@
 """Instructions per traced collective, counted by valgrind's callgrind: a deterministic figure.
 
-    python benchmarks/instructions.py [--small 100] [--large 500]
+    python benchmarks/instructions.py [--small 100] [--large 500] [--modes untraced hooks]
 
 Wall-clock ratios on a shared 2-core machine move by ±5 % from run to run; an instruction count
 does not. One process, a world of 1 (gloo, HashStore, no watchdog), a loop of 1-element
@@ -92,13 +92,15 @@ def modes() -> tuple[str, ...]:
     return MODES + (("hooks",) if hooks.supported(dist.ProcessGroup) else ())
 
 
-def per_call(small: int, large: int) -> dict[str, float]:
+def per_call(small: int, large: int, only=None) -> dict[str, float]:
     """{mode: instructions per call}, measured as the slope between `small` and `large` calls."""
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise RuntimeError("valgrind is not installed (apt-get install valgrind)")
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for mode in modes():
+            if only and mode not in only:
+                continue
             a, b = count(mode, small, tmp), count(mode, large, tmp)
             out[mode] = (b - a) / (large - small)
     return out
@@ -117,11 +119,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", type=int, default=100, help="calls in the short run")
     ap.add_argument("--large", type=int, default=500, help="calls in the long run")
+    ap.add_argument("--modes", nargs="+", metavar="MODE", help="run only these modes (untraced is the baseline: keep it)")
     args = ap.parse_args()
+    if args.modes and "untraced" not in args.modes:
+        ap.error("--modes needs untraced (the baseline)")
     if not 0 < args.small < args.large:
         ap.error("need 0 < --small < --large")
     try:
-        figures = per_call(args.small, args.large)
+        figures = per_call(args.small, args.large, args.modes)
     except RuntimeError as exc:
         print(f"instructions: {exc}", file=sys.stderr)
         return 2

@@ -27,7 +27,9 @@
 #define HEADER_SIZE 4096
 #define KIND_ENTER 1
 #define KIND_RETURN 2
+#define KIND_COMPLETE 3
 #define KIND_UNTRACED 4
+#define F_ASYNC 1
 #define F_DONE 4
 
 #pragma pack(push, 1)
@@ -49,7 +51,8 @@ static __thread long tl_depth;
 static PyObject *s_recorder, *s_disabled, *s_local, *s_last_after, *s_compiling_flag,
     *s_p2p_offset, *s_rec_ids, *s_threads, *s_thread_id, *s_stacks, *s_stack_id, *s_ring, *s_mm,
     *s_serial, *s_slots, *s_stack_depth, *s_fail, *s_internal_error, *s_default_pg,
-    *s_shape, *s_dtype, *s_default_pg_field, *s_group, *s_op, *s_async_op, *s_torch_compiler;
+    *s_shape, *s_dtype, *s_default_pg_field, *s_group, *s_op, *s_async_op, *s_torch_compiler,
+    *s_name, *s_input_tensors, *s_output_tensors, *s_op_id, *s_work, *s_pending, *s_is_completed;
 
 /* Stacks this path has met, by a hash of (code, instruction offset) per frame: a hit needs no
  * Python object. Direct-mapped, a cache of the recorder's own table (rec._stacks), which keeps every
@@ -62,6 +65,19 @@ typedef struct {
     long long sid;
 } StackEntry;
 
+/* What a compiled route (a Plan, a hook Gate) takes from the recorder once (recorder.py sets these
+ * for its life), and what it remembers of it: the last thread's id and the stacks it has met. */
+typedef struct {
+    PyObject *rec;         /* the recorder these belong to (a strong reference) */
+    PyObject *local, *stacks, *threads, *rec_ids, *serial, *mm;
+    PyObject *compiler;    /* torch.compiler's globals: _is_compiling_flag (set while torch.export traces) */
+    long long slots, depth;
+    unsigned long m_ident;  /* the last thread and its id in the trace (0: none yet) */
+    long long m_tid;
+    StackEntry stack_cache[STACK_CACHE];
+} Parts;
+#define PARTS_OBJECTS(X) X(r.rec) X(r.local) X(r.stacks) X(r.threads) X(r.rec_ids) X(r.serial) X(r.mm) X(r.compiler)
+
 typedef struct {
     PyObject_HEAD
     PyObject *orig;        /* the torch.distributed function */
@@ -70,17 +86,10 @@ typedef struct {
     PyObject *shim;        /* shim's globals: "recorder" is read on every call */
     PyObject *non_member;  /* GroupMember.NON_GROUP_MEMBER */
     PyObject *sigs;        /* (id(pg), shape, dtype, op, async) -> what learn said, for `rec` */
-    PyObject *rec;         /* the recorder the caches belong to (a strong reference) */
-    /* the recorder's parts that never change for its life (recorder.py sets them once) */
-    PyObject *local, *stacks, *threads, *rec_ids, *serial, *mm;
-    long long slots, depth;
+    Parts r;               /* the recorder's parts, its thread and stack caches */
     PyObject *world;       /* c10d._world: its default_pg is read on each call */
-    PyObject *compiler;    /* torch.compiler's globals: _is_compiling_flag (set while torch.export traces) */
     /* the last call's signature and what it learned: a loop makes the same call again */
     PyObject *m_pg, *m_shape, *m_dtype, *m_op, *m_known;
-    unsigned long m_ident;  /* the last thread and its id in the trace (0: none yet) */
-    long long m_tid;
-    StackEntry stack_cache[STACK_CACHE];
     Py_ssize_t tensor_pos, group_pos, op_pos, async_pos;   /* -1: not a parameter */
     PyObject *tensor_name, *op_default;
     int has_tensor, reducing, one_step;
@@ -133,7 +142,7 @@ static int set_long_attr(PyObject *obj, PyObject *name, long long value)
 /* One slot into the ring, as RingWriter.write does: the serial from its counter, the commit
  * (serial + 1) stored last; then the header's count hint (RingWriter.heartbeat keeps the larger). */
 #define COUNT_OFFSET 64
-static int ring_write(Plan *p, Slot *slot)
+static int ring_write(Parts *p, Slot *slot)
 {
     PyObject *iv = PyIter_Next(p->serial);
     if (iv == NULL)
@@ -172,7 +181,7 @@ static uint64_t mix(uint64_t h, uint64_t v)
     return h;
 }
 
-static void stack_cache_clear(Plan *p)
+static void stack_cache_clear(Parts *p)
 {
     for (int k = 0; k < STACK_CACHE; k++) {
         PyMem_Free(p->stack_cache[k].pairs);
@@ -180,7 +189,7 @@ static void stack_cache_clear(Plan *p)
     }
 }
 
-static long long stack_id(Plan *p, PyObject *rec, PyFrameObject *caller)
+static long long stack_id(Parts *p, PyObject *rec, PyFrameObject *caller)
 {
     uintptr_t pairs[2 * MAX_DEPTH];
     Py_ssize_t n = 0;
@@ -239,7 +248,7 @@ static long long stack_id(Plan *p, PyObject *rec, PyFrameObject *caller)
     return sid;
 }
 
-static long long thread_id(Plan *p, PyObject *rec)
+static long long thread_id(Parts *p, PyObject *rec)
 {
     unsigned long me = PyThread_get_thread_ident();
     if (me == p->m_ident && p->m_ident != 0)
@@ -300,74 +309,6 @@ static PyTypeObject LocalType = {
     .tp_getset = Local_getset,
 };
 
-/* Gate(hook): c10d's per-group hook (torch >= 2.14) behind the depth test. The hooks fire inside
- * every collective, a wrapped one too, where they only return: this returns before the Python
- * function's frame is made. */
-typedef struct {
-    PyObject_HEAD
-    PyObject *fn;
-    vectorcallfunc vectorcall;
-} Gate;
-
-static PyObject *Gate_vectorcall(Gate *g, PyObject *const *args, size_t nargsf, PyObject *kwnames)
-{
-    if (tl_depth)
-        Py_RETURN_NONE;
-    return PyObject_Vectorcall(g->fn, args, nargsf, kwnames);
-}
-
-static int Gate_init(Gate *g, PyObject *args, PyObject *kwds)
-{
-    PyObject *fn;
-    if (!PyArg_ParseTuple(args, "O:Gate", &fn))
-        return -1;
-    Py_INCREF(fn);
-    Py_XSETREF(g->fn, fn);
-    g->vectorcall = (vectorcallfunc)Gate_vectorcall;
-    return 0;
-}
-
-static int Gate_traverse(Gate *g, visitproc visit, void *arg)
-{
-    Py_VISIT(g->fn);
-    return 0;
-}
-
-static int Gate_clear(Gate *g)
-{
-    Py_CLEAR(g->fn);
-    return 0;
-}
-
-static void Gate_dealloc(Gate *g)
-{
-    PyObject_GC_UnTrack(g);
-    Gate_clear(g);
-    Py_TYPE(g)->tp_free((PyObject *)g);
-}
-
-static PyObject *Gate_call(Gate *g, PyObject *args, PyObject *kwargs)
-{
-    if (tl_depth || g->fn == NULL)
-        Py_RETURN_NONE;
-    return PyObject_Call(g->fn, args, kwargs);
-}
-
-static PyTypeObject GateType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "colltrace.rank._fastpath.Gate",
-    .tp_doc = "A hook that returns at once while a traced call runs on the thread.",
-    .tp_basicsize = sizeof(Gate),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_vectorcall_offset = offsetof(Gate, vectorcall),
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)Gate_init,
-    .tp_dealloc = (destructor)Gate_dealloc,
-    .tp_traverse = (traverseproc)Gate_traverse,
-    .tp_clear = (inquiry)Gate_clear,
-    .tp_call = (ternaryfunc)Gate_call,
-};
-
 static void memo_clear(Plan *p)
 {
     Py_CLEAR(p->m_shape);
@@ -375,13 +316,13 @@ static void memo_clear(Plan *p)
     Py_CLEAR(p->m_op);
     Py_CLEAR(p->m_known);
     p->m_pg = NULL;
-    p->m_ident = 0;
-    p->m_tid = 0;
-    stack_cache_clear(p);
+    p->r.m_ident = 0;
+    p->r.m_tid = 0;
+    stack_cache_clear(&p->r);
 }
 
 /* The recorder's parts, taken once per recorder (a new one after a fork or a reinstall). */
-static int adopt(Plan *p, PyObject *rec)
+static int adopt_parts(Parts *r, PyObject *rec)
 {
     PyObject *local = NULL, *stacks = NULL, *threads = NULL, *rec_ids = NULL, *ring = NULL,
              *serial = NULL, *mm = NULL;
@@ -393,26 +334,27 @@ static int adopt(Plan *p, PyObject *rec)
             && ring != Py_None && (serial = PyObject_GetAttr(ring, s_serial)) && (mm = PyObject_GetAttr(ring, s_mm))
             && long_attr(ring, s_slots, &slots) == 0 && long_attr(rec, s_stack_depth, &depth) == 0
             && PyDict_Check(stacks) && PyDict_Check(threads) && slots > 0 && Py_IS_TYPE(local, &LocalType)) {
-        Py_XSETREF(p->local, local);
-        Py_XSETREF(p->stacks, stacks);
-        Py_XSETREF(p->threads, threads);
-        Py_XSETREF(p->rec_ids, rec_ids);
-        Py_XSETREF(p->serial, serial);
-        Py_XSETREF(p->mm, mm);
+        Py_XSETREF(r->local, local);
+        Py_XSETREF(r->stacks, stacks);
+        Py_XSETREF(r->threads, threads);
+        Py_XSETREF(r->rec_ids, rec_ids);
+        Py_XSETREF(r->serial, serial);
+        Py_XSETREF(r->mm, mm);
         local = stacks = threads = rec_ids = serial = mm = NULL;
-        p->slots = slots;
-        p->depth = depth;
-        PyDict_Clear(p->sigs);
-        memo_clear(p);
+        r->slots = slots;
+        r->depth = depth;
+        r->m_ident = 0;
+        r->m_tid = 0;
+        stack_cache_clear(r);
         /* torch.compiler, imported by now (a recorder starts after init_process_group) */
         PyObject *compiler = PyImport_GetModule(s_torch_compiler);
         PyObject *cdict = compiler ? PyModule_GetDict(compiler) : NULL;   /* borrowed */
         Py_XINCREF(cdict);
-        Py_XSETREF(p->compiler, cdict);
+        Py_XSETREF(r->compiler, cdict);
         Py_XDECREF(compiler);
         PyErr_Clear();
         Py_INCREF(rec);
-        Py_XSETREF(p->rec, rec);
+        Py_XSETREF(r->rec, rec);
         rc = 0;
     }
     Py_XDECREF(local);
@@ -423,6 +365,15 @@ static int adopt(Plan *p, PyObject *rec)
     Py_XDECREF(serial);
     Py_XDECREF(mm);
     return rc;
+}
+
+static int adopt(Plan *p, PyObject *rec)
+{
+    if (adopt_parts(&p->r, rec) < 0)
+        return -1;
+    PyDict_Clear(p->sigs);
+    memo_clear(p);
+    return 0;
 }
 
 static PyObject *call_orig(Plan *p, PyObject *args, PyObject *kwargs)
@@ -478,6 +429,459 @@ static int same_shape(PyObject *a, PyObject *b)
     return eq > 0;
 }
 
+/* ---- c10d's per-group hooks (torch >= 2.14): the hook route's common case ----------------------
+ *
+ * Gate(hook) puts c10d's hook behind the depth test: the hooks fire inside every collective, a
+ * wrapped one too, where they only return; this returns before the Python function's frame is made.
+ * Gate(hook, kind, ref, shim, learn, kinds) also takes the common case of the hook itself, as a Plan
+ * does a wrapper's: for the pre-hook (kind 1), an op of the group `ref` whose record follows from its
+ * HookOpName, how many tensors it has (none or one in, the outputs' count where `kinds` says the
+ * name needs it), the one tensor's shape and dtype and async_op: no root, no peer. What learn(rec,
+ * args, input_tensors, is_async) said for such calls is kept per gate; the pre-hook then writes the
+ * ENTER slot (and UNTRACED before it) and leaves the op open on the thread (tl_fast); the post-hook
+ * (kind 2) writes RETURN and hands the Work to the poller. Everything else, and any surprise before
+ * a slot is written, goes to the Python hook (hooks.py), which writes the same slots. */
+
+/* The op this thread's compiled pre-hook opened, until its post-hook: hooks.py's local.open, kept
+ * in C. The Python hooks see it through HookLocal.open as the tuple they make themselves. */
+typedef struct {
+    int active, flags, one_step;
+    long long op_id, rec_id, before, seq, gid;
+    PyObject *gs, *seq_fn, *ref;   /* held while active */
+} FastOpen;
+static __thread FastOpen tl_fast;
+static __thread PyObject *tl_open;   /* local.open as the Python hooks set it (NULL: None) */
+static unsigned long long hook_hits;   /* ops the compiled pre-hook recorded itself (tests check it is used) */
+
+static void fast_close(void)
+{
+    if (tl_fast.active) {
+        tl_fast.active = 0;
+        Py_CLEAR(tl_fast.gs);
+        Py_CLEAR(tl_fast.seq_fn);
+        Py_CLEAR(tl_fast.ref);
+    }
+}
+
+typedef struct {
+    PyObject_HEAD
+} HookLocal;
+
+static PyObject *HookLocal_get_open(PyObject *self, void *closure)
+{
+    if (tl_fast.active)   /* (op_id, ctx), ctx as Recorder.enter returns it */
+        return Py_BuildValue("(L(LOLLi))", tl_fast.op_id, tl_fast.rec_id, tl_fast.gs, tl_fast.before, tl_fast.seq,
+                             tl_fast.flags);
+    return Py_NewRef(tl_open != NULL ? tl_open : Py_None);
+}
+
+static int HookLocal_set_open(PyObject *self, PyObject *value, void *closure)
+{
+    fast_close();
+    PyObject *old = tl_open;
+    tl_open = (value == NULL || value == Py_None) ? NULL : Py_NewRef(value);
+    Py_XDECREF(old);
+    return 0;
+}
+
+static PyGetSetDef HookLocal_getset[] = {
+    {"open", HookLocal_get_open, HookLocal_set_open, "the op this thread's pre-hook recorded, until its post-hook", NULL},
+    {NULL}
+};
+
+static PyTypeObject HookLocalType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "colltrace.rank._fastpath.HookLocal",
+    .tp_doc = "The op the thread's pre-hook opened, shared by the compiled and the Python hooks.",
+    .tp_basicsize = sizeof(HookLocal),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_getset = HookLocal_getset,
+};
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *fn;          /* the Python hook: every call the compiled case does not take */
+    vectorcallfunc vectorcall;
+    int kind;              /* 0: the depth test only; 1: the pre-hook's common case; 2: the post-hook's */
+    PyObject *ref;         /* the group, held weakly */
+    PyObject *shim;        /* shim's globals: "recorder" is read on every call */
+    PyObject *learn;       /* learn(rec, args, input_tensors, is_async) -> (sig, gs, seq_fn, gid, one_step),
+                            * False (the Python hook's, always) or None (not now) */
+    PyObject *kinds;       /* bytes, per HookOpName value: 1 taken here, 2 taken with the outputs' count, else not */
+    PyObject *sigs;        /* (name, n in, n out, shape, dtype, async) -> what learn said, for r.rec */
+    Parts r;
+    long m_name;           /* the last call's key and what learn said (m_known) */
+    Py_ssize_t m_nin, m_nout;
+    int m_async;
+    PyObject *m_shape, *m_dtype, *m_known;
+} Gate;
+
+#define GATE_OBJECTS(X) X(fn) X(ref) X(shim) X(learn) X(kinds) X(sigs) PARTS_OBJECTS(X) X(m_shape) X(m_dtype) X(m_known)
+
+static void gate_memo_clear(Gate *g)
+{
+    Py_CLEAR(g->m_shape);
+    Py_CLEAR(g->m_dtype);
+    Py_CLEAR(g->m_known);
+}
+
+static int gate_adopt(Gate *g, PyObject *rec)
+{
+    if (adopt_parts(&g->r, rec) < 0)
+        return -1;
+    if (g->sigs != NULL)
+        PyDict_Clear(g->sigs);
+    gate_memo_clear(g);
+    return 0;
+}
+
+static PyObject *gate_python(Gate *g, PyObject *a)
+{
+    PyErr_Clear();   /* whatever made the compiled case step aside: the Python hook judges it */
+    return PyObject_CallOneArg(g->fn, a);
+}
+
+/* the compiled case's checks, both hooks: the recorder (borrowed), NULL where there is none to record
+ * for (*quiet set: nothing to do) or where the Python hook must judge (*quiet 0) */
+static PyObject *gate_recorder(Gate *g, int *quiet)
+{
+    *quiet = 0;
+    PyObject *rec = PyDict_GetItemWithError(g->shim, s_recorder);
+    if (rec == NULL)
+        return NULL;
+    if (rec == Py_None) {
+        *quiet = 1;
+        return NULL;
+    }
+    int t = truthy_attr(rec, s_disabled);
+    if (t != 0) {
+        *quiet = t > 0;
+        return NULL;
+    }
+    if (g->r.rec != rec && gate_adopt(g, rec) < 0)
+        return NULL;
+    return rec;
+}
+
+static PyObject *hook_pre(Gate *g, PyObject *a)
+{
+    PyObject *name = NULL, *idx = NULL, *ins = NULL, *outs = NULL, *shape = NULL, *dtype = NULL, *av = NULL,
+             *opv = NULL, *skey = NULL, *held = NULL, *last_obj = NULL, *idv = NULL;
+    int done = 0;   /* 1: recorded, or nothing to record; 0: the Python hook */
+    int quiet;
+    PyObject *rec = gate_recorder(g, &quiet);
+    if (rec == NULL) {
+        done = quiet;
+        goto out;
+    }
+    if (tl_fast.active || tl_open != NULL)
+        goto out;   /* the previous op's post-hook never came (it raised): the Python hook fails it */
+    if (g->r.compiler != NULL) {   /* torch.export traces: the Python hook finds the user's frame */
+        PyObject *flag = PyDict_GetItemWithError(g->r.compiler, s_compiling_flag);
+        if (flag == NULL ? PyErr_Occurred() != NULL : PyObject_IsTrue(flag) != 0)
+            goto out;
+    }
+    PyObject *pg = PyWeakref_GetObject(g->ref);   /* borrowed */
+    if (pg == NULL || pg == Py_None)
+        goto out;
+    if ((name = PyObject_GetAttr(a, s_name)) == NULL || (idx = PyNumber_Index(name)) == NULL)
+        goto out;
+    long nv = PyLong_AsLong(idx);
+    if (nv < 0 || nv >= PyBytes_GET_SIZE(g->kinds))
+        goto out;
+    int kind = ((unsigned char *)PyBytes_AS_STRING(g->kinds))[nv];
+    if (kind != 1 && kind != 2)
+        goto out;
+    if ((ins = PyObject_GetAttr(a, s_input_tensors)) == NULL || !PyList_Check(ins) || PyList_GET_SIZE(ins) > 1)
+        goto out;
+    Py_ssize_t nin = PyList_GET_SIZE(ins), nout = -1;
+    if (kind == 2) {
+        if ((outs = PyObject_GetAttr(a, s_output_tensors)) == NULL || !PyList_Check(outs))
+            goto out;
+        nout = PyList_GET_SIZE(outs);
+    }
+    if (nin == 1) {
+        PyObject *tensor = PyList_GET_ITEM(ins, 0);
+        if ((shape = PyObject_GetAttr(tensor, s_shape)) == NULL || (dtype = PyObject_GetAttr(tensor, s_dtype)) == NULL)
+            goto out;
+    }
+    if ((av = PyObject_GetAttr(a, s_async_op)) == NULL)
+        goto out;
+    int is_async = PyObject_IsTrue(av);
+    if (is_async < 0)
+        goto out;
+    PyObject *known;   /* borrowed */
+    if (g->m_known != NULL && nv == g->m_name && nin == g->m_nin && nout == g->m_nout && is_async == g->m_async
+            && dtype == g->m_dtype && same_shape(shape, g->m_shape)) {
+        known = g->m_known;   /* the last call's again */
+    } else {
+        skey = Py_BuildValue("(lnnOOO)", nv, nin, nout, shape ? shape : Py_None, dtype ? dtype : Py_None,
+                             is_async ? Py_True : Py_False);
+        if (skey == NULL)
+            goto out;
+        known = PyDict_GetItemWithError(g->sigs, skey);
+        if (known == NULL) {
+            if (PyErr_Occurred())
+                goto out;
+            PyObject *learned = PyObject_CallFunctionObjArgs(g->learn, rec, a, ins, is_async ? Py_True : Py_False, NULL);
+            if (learned == NULL)
+                goto out;
+            if (learned == Py_None) {   /* a group colltrace cannot describe (yet) */
+                Py_DECREF(learned);
+                goto out;
+            }
+            int bad = (learned != Py_False && (!PyTuple_Check(learned) || PyTuple_GET_SIZE(learned) != 5))
+                      || PyDict_SetItem(g->sigs, skey, learned) < 0;
+            Py_DECREF(learned);
+            if (bad || (known = PyDict_GetItemWithError(g->sigs, skey)) == NULL)
+                goto out;
+        }
+        g->m_name = nv;
+        g->m_nin = nin;
+        g->m_nout = nout;
+        g->m_async = is_async;
+        Py_XINCREF(shape);
+        Py_XSETREF(g->m_shape, shape);
+        Py_XINCREF(dtype);
+        Py_XSETREF(g->m_dtype, dtype);
+        Py_INCREF(known);
+        Py_XSETREF(g->m_known, known);
+    }
+    held = Py_NewRef(known);   /* another thread may clear the cache (a new recorder) while this one runs */
+    if (known == Py_False)
+        goto out;   /* calls like this one are the Python hook's (a root, a peer) */
+    long long sig = PyLong_AsLongLong(PyTuple_GET_ITEM(known, 0));
+    PyObject *gs = PyTuple_GET_ITEM(known, 1), *seq_fn = PyTuple_GET_ITEM(known, 2);
+    long long gid = PyLong_AsLongLong(PyTuple_GET_ITEM(known, 3));
+    int one_step = PyObject_IsTrue(PyTuple_GET_ITEM(known, 4));
+    if ((sig == -1 || gid == -1) && PyErr_Occurred())
+        goto out;
+    if (one_step < 0 || (opv = PyObject_GetAttr(a, s_op_id)) == NULL)
+        goto out;
+    long long op_id = PyLong_AsLongLong(opv), p2p_offset, before, last = -1, tid, sid, rec_id;
+    if (op_id == -1 && PyErr_Occurred())
+        goto out;
+
+    /* everything the slots need, read before the first is written */
+    if (long_attr(gs, s_p2p_offset, &p2p_offset) < 0 || (last_obj = PyObject_GetAttr(gs, s_last_after)) == NULL)
+        goto out;
+    if (last_obj != Py_None && (last = PyLong_AsLongLong(last_obj)) == -1 && PyErr_Occurred())
+        goto out;
+    if (read_seq(seq_fn, pg, &before) < 0)
+        goto out;
+    /* the frame that issued the collective: the Python hook's caller (none on a C++ thread) */
+    sid = stack_id(&g->r, rec, PyEval_GetFrame());
+    if (sid < 0 || (tid = thread_id(&g->r, rec)) < 0)
+        goto out;
+    if ((idv = PyIter_Next(g->r.rec_ids)) == NULL || ((rec_id = PyLong_AsLongLong(idv)) == -1 && PyErr_Occurred()))
+        goto out;
+
+    done = 1;
+    int flags = is_async ? F_ASYNC : 0;
+    long long seq = before - p2p_offset + 1;
+    Slot slot;
+    int ok = 1;
+    if (last_obj != Py_None && before > last) {
+        /* the backend ran collectives colltrace did not see */
+        slot = (Slot){KIND_UNTRACED, 0, 0, (uint32_t)gid, 0, 0, 0, 0, last - p2p_offset + 1, before - last, now(), 0, 0};
+        ok = ring_write(&g->r, &slot) == 0;
+    }
+    if (ok) {
+        slot = (Slot){KIND_ENTER, (uint8_t)flags, 0, (uint32_t)gid, (uint32_t)sig, (uint32_t)sid, (uint32_t)tid, 0, seq,
+                      -1, now(), (uint64_t)rec_id, 0};
+        ok = ring_write(&g->r, &slot) == 0;
+    }
+    if (!ok) {   /* reported once by the recorder; the collective goes on */
+        report(rec);
+        goto out;
+    }
+    hook_hits++;
+    tl_fast = (FastOpen){1, flags, one_step, op_id, rec_id, before, seq, gid, Py_NewRef(gs), Py_NewRef(seq_fn),
+                         Py_NewRef(g->ref)};
+
+out:
+    Py_XDECREF(name);
+    Py_XDECREF(idx);
+    Py_XDECREF(ins);
+    Py_XDECREF(outs);
+    Py_XDECREF(shape);
+    Py_XDECREF(dtype);
+    Py_XDECREF(av);
+    Py_XDECREF(opv);
+    Py_XDECREF(skey);
+    Py_XDECREF(held);
+    Py_XDECREF(last_obj);
+    Py_XDECREF(idv);
+    if (!done)
+        return gate_python(g, a);
+    PyErr_Clear();
+    Py_RETURN_NONE;
+}
+
+static PyObject *hook_post(Gate *g, PyObject *a)
+{
+    if (!tl_fast.active)
+        return PyObject_CallOneArg(g->fn, a);   /* the Python pre-hook's op, or none */
+    int quiet;
+    PyObject *rec = gate_recorder(g, &quiet);
+    if (rec == NULL) {
+        if (!quiet)
+            return gate_python(g, a);
+        fast_close();   /* as the Python hook: the op is closed, nothing written */
+        Py_RETURN_NONE;
+    }
+    FastOpen o = tl_fast;   /* taken: its references are this call's now */
+    tl_fast.active = 0;
+    tl_fast.gs = tl_fast.seq_fn = tl_fast.ref = NULL;
+    PyObject *opv = NULL, *work = NULL, *pending = NULL, *item = NULL;
+    long long op_id, after = o.before + 1;
+    if ((opv = PyObject_GetAttr(a, s_op_id)) == NULL || ((op_id = PyLong_AsLongLong(opv)) == -1 && PyErr_Occurred()))
+        goto fail;
+    if (op_id != o.op_id)
+        goto out;   /* not the op this thread opened */
+    /* The post-hook fires when the Work is returned, not when it completes: the poller marks the
+     * record complete once the Work says so. */
+    if ((work = PyObject_GetAttr(a, s_work)) == NULL)
+        goto fail;
+    if (!o.one_step) {
+        PyObject *pg = PyWeakref_GetObject(o.ref);   /* borrowed */
+        if (pg == NULL)
+            goto fail;
+        if (pg == Py_None)
+            after = -1;   /* as GroupState.get_seq says of a freed group */
+        else if (read_seq(o.seq_fn, pg, &after) < 0)
+            goto fail;
+    }
+    if (set_long_attr(o.gs, s_last_after, after) < 0)
+        goto fail;
+    long long steps = after - o.before;
+    Slot slot = {KIND_RETURN, (uint8_t)(o.flags | (work == Py_None ? F_DONE : 0)), 0, (uint32_t)o.gid, 0, 0, 0, 0, o.seq,
+                 o.seq + (steps > 1 ? steps : 1) - 1, now(), (uint64_t)o.rec_id, 0};
+    if (ring_write(&g->r, &slot) < 0)
+        goto fail;
+    if (work != Py_None) {   /* appended under the GIL: one step, as the poller's swap is */
+        if ((pending = PyObject_GetAttr(rec, s_pending)) == NULL || !PyList_Check(pending))
+            goto fail;
+        if ((item = PyTuple_New(4)) == NULL)
+            goto fail;
+        PyObject *parts[3] = {PyLong_FromLongLong(o.rec_id), PyLong_FromLongLong(o.gid), PyLong_FromLongLong(o.seq)};
+        for (int k = 0; k < 3; k++)
+            PyTuple_SET_ITEM(item, k, parts[k]);   /* NULL where one failed: the tuple frees what is there */
+        PyTuple_SET_ITEM(item, 3, Py_NewRef(work));
+        if (parts[0] == NULL || parts[1] == NULL || parts[2] == NULL || PyList_Append(pending, item) < 0)
+            goto fail;
+    }
+    goto out;
+fail:
+    if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "colltrace: unexpected recorder state in the post-hook");
+    report(rec);
+out:
+    Py_XDECREF(opv);
+    Py_XDECREF(work);
+    Py_XDECREF(pending);
+    Py_XDECREF(item);
+    Py_XDECREF(o.gs);
+    Py_XDECREF(o.seq_fn);
+    Py_XDECREF(o.ref);
+    PyErr_Clear();
+    Py_RETURN_NONE;
+}
+
+static PyObject *gate_call1(Gate *g, PyObject *a)
+{
+    if (g->kind == 1)
+        return hook_pre(g, a);
+    if (g->kind == 2)
+        return hook_post(g, a);
+    return PyObject_CallOneArg(g->fn, a);
+}
+
+static PyObject *Gate_vectorcall(Gate *g, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    if (tl_depth || g->fn == NULL)
+        Py_RETURN_NONE;
+    if (PyVectorcall_NARGS(nargsf) == 1 && kwnames == NULL)
+        return gate_call1(g, args[0]);
+    return PyObject_Vectorcall(g->fn, args, nargsf, kwnames);
+}
+
+static PyObject *Gate_call(Gate *g, PyObject *args, PyObject *kwargs)
+{
+    if (tl_depth || g->fn == NULL)
+        Py_RETURN_NONE;
+    if (PyTuple_GET_SIZE(args) == 1 && (kwargs == NULL || PyDict_GET_SIZE(kwargs) == 0))
+        return gate_call1(g, PyTuple_GET_ITEM(args, 0));
+    return PyObject_Call(g->fn, args, kwargs);
+}
+
+static int Gate_traverse(Gate *g, visitproc visit, void *arg)
+{
+#define GATE_VISIT(f) Py_VISIT(g->f);
+    GATE_OBJECTS(GATE_VISIT)
+    return 0;
+}
+
+static int Gate_clear(Gate *g)
+{
+#define GATE_CLEAR(f) Py_CLEAR(g->f);
+    GATE_OBJECTS(GATE_CLEAR)
+    stack_cache_clear(&g->r);
+    return 0;
+}
+
+static void Gate_dealloc(Gate *g)
+{
+    PyObject_GC_UnTrack(g);
+    Gate_clear(g);
+    Py_TYPE(g)->tp_free((PyObject *)g);
+}
+
+static int Gate_init(Gate *g, PyObject *args, PyObject *kwds)
+{
+    PyObject *fn, *ref = NULL, *shim = NULL, *learn = Py_None, *kinds = NULL;
+    int kind = 0;
+    if (!PyArg_ParseTuple(args, "O|iOO!OO!:Gate", &fn, &kind, &ref, &PyDict_Type, &shim, &learn, &PyBytes_Type, &kinds))
+        return -1;
+    if (kind != 0 && (ref == NULL || !PyWeakref_CheckRef(ref) || shim == NULL || kinds == NULL
+                      || (kind == 1 && !PyCallable_Check(learn)) || kind < 0 || kind > 2)) {
+        PyErr_SetString(PyExc_TypeError, "Gate(hook, kind, weakref(group), shim globals, learn, kinds)");
+        return -1;
+    }
+    PyObject *sigs = kind ? PyDict_New() : NULL;
+    if (kind && sigs == NULL)
+        return -1;
+    Gate_clear(g);
+    g->fn = Py_NewRef(fn);
+    g->kind = kind;
+    g->ref = Py_XNewRef(ref);
+    g->shim = Py_XNewRef(shim);
+    g->learn = kind ? Py_NewRef(learn) : NULL;
+    g->kinds = Py_XNewRef(kinds);
+    g->sigs = sigs;
+    g->r.m_ident = 0;
+    g->r.m_tid = 0;
+    g->vectorcall = (vectorcallfunc)Gate_vectorcall;
+    return 0;
+}
+
+static PyTypeObject GateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "colltrace.rank._fastpath.Gate",
+    .tp_doc = "A c10d hook that returns at once while a traced call runs on the thread (and, given a kind, "
+              "records the hook route's common case itself).",
+    .tp_basicsize = sizeof(Gate),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(Gate, vectorcall),
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Gate_init,
+    .tp_dealloc = (destructor)Gate_dealloc,
+    .tp_traverse = (traverseproc)Gate_traverse,
+    .tp_clear = (inquiry)Gate_clear,
+    .tp_call = (ternaryfunc)Gate_call,
+};
+
 enum route { ORIG, SLOW };
 
 static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
@@ -496,14 +900,14 @@ static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
         route = t < 0 ? SLOW : ORIG;
         goto out;
     }
-    if (p->rec != rec && adopt(p, rec) < 0)
+    if (p->r.rec != rec && adopt(p, rec) < 0)
         goto out;
     if (tl_depth) {   /* a part of a traced call (an object collective's all_gather): not recorded */
         route = ORIG;
         goto out;
     }
-    if (p->compiler != NULL) {   /* torch.export traces: the Python wrapper steps aside as it says */
-        PyObject *flag = PyDict_GetItemWithError(p->compiler, s_compiling_flag);
+    if (p->r.compiler != NULL) {   /* torch.export traces: the Python wrapper steps aside as it says */
+        PyObject *flag = PyDict_GetItemWithError(p->r.compiler, s_compiling_flag);
         if (flag == NULL ? PyErr_Occurred() != NULL : PyObject_IsTrue(flag) != 0)
             goto out;
     }
@@ -607,9 +1011,9 @@ learned:
         goto out;
     PyFrameObject *here = PyEval_GetFrame();   /* the Python wrapper's frame; its caller is the user's */
     PyFrameObject *caller = here ? PyFrame_GetBack(here) : NULL;
-    sid = stack_id(p, rec, caller);
+    sid = stack_id(&p->r, rec, caller);
     Py_XDECREF(caller);
-    if (sid < 0 || (tid = thread_id(p, rec)) < 0)
+    if (sid < 0 || (tid = thread_id(&p->r, rec)) < 0)
         goto out;
     if ((last_obj = PyObject_GetAttr(gs, s_last_after)) == NULL)
         goto out;
@@ -617,7 +1021,7 @@ learned:
         goto out;
     if (read_seq(seq_fn, pg, &before) < 0)
         goto out;
-    if ((idv = PyIter_Next(p->rec_ids)) == NULL || ((rec_id = PyLong_AsLongLong(idv)) == -1 && PyErr_Occurred()))
+    if ((idv = PyIter_Next(p->r.rec_ids)) == NULL || ((rec_id = PyLong_AsLongLong(idv)) == -1 && PyErr_Occurred()))
         goto out;   /* nothing written yet: the Python wrapper starts over */
 
     Slot slot;
@@ -626,12 +1030,12 @@ learned:
     if (last_obj != Py_None && before > last) {
         /* the backend ran collectives we did not see (DDP's reducer, pg.allreduce, compiled code) */
         slot = (Slot){KIND_UNTRACED, 0, 0, (uint32_t)gid, 0, 0, 0, 0, last - p2p_offset + 1, before - last, now(), 0, 0};
-        ok = ring_write(p, &slot) == 0;
+        ok = ring_write(&p->r, &slot) == 0;
     }
     if (ok) {
         slot = (Slot){KIND_ENTER, 0, 0, (uint32_t)gid, (uint32_t)sig, (uint32_t)sid, (uint32_t)tid, 0, seq, -1, now(),
                       (uint64_t)rec_id, 0};
-        ok = ring_write(p, &slot) == 0;
+        ok = ring_write(&p->r, &slot) == 0;
     }
     if (!ok) {   /* a slot could not be written: reported once by the recorder, the call goes on untraced */
         report(rec);
@@ -663,7 +1067,7 @@ learned:
             long long steps = after - before;
             slot = (Slot){KIND_RETURN, F_DONE, 0, (uint32_t)gid, 0, 0, 0, 0, seq, seq + (steps > 1 ? steps : 1) - 1,
                           now(), (uint64_t)rec_id, 0};
-            if (ring_write(p, &slot) < 0)
+            if (ring_write(&p->r, &slot) < 0)
                 report(rec);
         } else {
             report(rec);
@@ -688,8 +1092,7 @@ out:
 }
 
 /* every object a Plan holds, named once for the garbage collector's two walks */
-#define PLAN_OBJECTS(X) X(orig) X(slow) X(learn) X(shim) X(non_member) X(sigs) X(rec) X(local) \
-    X(stacks) X(threads) X(rec_ids) X(serial) X(mm) X(world) X(tensor_name) X(op_default) X(compiler) \
+#define PLAN_OBJECTS(X) X(orig) X(slow) X(learn) X(shim) X(non_member) X(sigs) PARTS_OBJECTS(X) X(world) X(tensor_name) X(op_default) \
     X(m_shape) X(m_dtype) X(m_op) X(m_known)
 
 static int Plan_traverse(Plan *p, visitproc visit, void *arg)
@@ -704,7 +1107,7 @@ static int Plan_clear(Plan *p)
 #define CLEAR_FIELD(f) Py_CLEAR(p->f);
     PLAN_OBJECTS(CLEAR_FIELD)
     p->m_pg = NULL;
-    stack_cache_clear(p);
+    stack_cache_clear(&p->r);
     return 0;
 }
 
@@ -738,7 +1141,7 @@ static int Plan_init(Plan *p, PyObject *args, PyObject *kwds)
     Py_INCREF(tensor_name); Py_XSETREF(p->tensor_name, tensor_name);
     Py_INCREF(op_default); Py_XSETREF(p->op_default, op_default);
     Py_XSETREF(p->sigs, sigs);
-    Py_CLEAR(p->rec);
+    Py_CLEAR(p->r.rec);
     memo_clear(p);
     p->tensor_pos = tensor_pos;
     p->group_pos = group_pos;
@@ -771,7 +1174,82 @@ static PyTypeObject PlanType = {
     .tp_members = Plan_members,
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastpath", "colltrace's compiled hot path.", -1, NULL};
+/* drain(pending, final, serial, mm, slots, work_type, done): Recorder._drain_pending's loop. Each
+ * (rec, gid, seq, waitable) whose waitable is finished gets its COMPLETE slot; the others come back
+ * (none when final). A waitable of type work_type (c10d's Work) is asked is_completed() here, any
+ * other is judged by done(waitable) (a CUDA event, a list of works); a failed one is finished. */
+static PyObject *drain(PyObject *self, PyObject *args)
+{
+    PyObject *pending, *work_type, *done_fn;
+    int final;
+    Parts r;
+    memset(&r, 0, sizeof(r));
+    if (!PyArg_ParseTuple(args, "O!pOOLOO:drain", &PyList_Type, &pending, &final, &r.serial, &r.mm, &r.slots,
+                          &work_type, &done_fn))
+        return NULL;
+    if (r.slots <= 0) {
+        PyErr_SetString(PyExc_ValueError, "drain: no slots");
+        return NULL;
+    }
+    PyObject *keep = PyList_New(0);
+    if (keep == NULL)
+        return NULL;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(pending); k++) {
+        PyObject *item = PyList_GET_ITEM(pending, k);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 4) {
+            PyErr_SetString(PyExc_ValueError, "drain: a pending item is not (rec, gid, seq, waitable)");
+            goto fail;
+        }
+        PyObject *w = PyTuple_GET_ITEM(item, 3);
+        Py_INCREF(item);   /* the list is ours, but a call below may run any Python */
+        PyObject *v = (PyObject *)Py_TYPE(w) == work_type ? PyObject_CallMethodNoArgs(w, s_is_completed)
+                                                          : PyObject_CallOneArg(done_fn, w);
+        int done = v == NULL ? -1 : PyObject_IsTrue(v);
+        Py_XDECREF(v);
+        if (done < 0) {   /* a failed work is finished too; its error reaches the program itself */
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                Py_DECREF(item);
+                goto fail;
+            }
+            PyErr_Clear();
+            done = 1;
+        }
+        int rc = 0;
+        if (done) {
+            long long rec = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 0)), gid = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 1)),
+                      seq = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 2));
+            if (PyErr_Occurred()) {
+                rc = -1;
+            } else {
+                Slot slot = {KIND_COMPLETE, 0, 0, (uint32_t)gid, 0, 0, 0, 0, seq, 0, now(), (uint64_t)rec, 0};
+                rc = ring_write(&r, &slot);
+            }
+        } else if (!final) {
+            rc = PyList_Append(keep, item);
+        }
+        Py_DECREF(item);
+        if (rc < 0)
+            goto fail;
+    }
+    return keep;
+fail:
+    Py_DECREF(keep);
+    return NULL;
+}
+
+static PyObject *hook_hits_fn(PyObject *self, PyObject *unused)
+{
+    return PyLong_FromUnsignedLongLong(hook_hits);
+}
+
+static PyMethodDef module_methods[] = {
+    {"hook_hits", hook_hits_fn, METH_NOARGS, "ops the compiled pre-hook recorded itself"},
+    {"drain", drain, METH_VARARGS, "Recorder._drain_pending's loop: COMPLETE slots for the finished waitables"},
+    {NULL}
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastpath", "colltrace's compiled hot path.", -1,
+                                    module_methods};
 
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
 
@@ -786,10 +1264,12 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     INTERN(s_stack_depth, "_depth"); INTERN(s_fail, "fail"); INTERN(s_internal_error, "internal_error");
     INTERN(s_default_pg, "default_pg"); INTERN(s_shape, "shape"); INTERN(s_dtype, "dtype"); INTERN(s_default_pg_field, "_default_pg");
     INTERN(s_group, "group"); INTERN(s_op, "op"); INTERN(s_async_op, "async_op");
+    INTERN(s_name, "name"); INTERN(s_input_tensors, "input_tensors"); INTERN(s_output_tensors, "output_tensors");
+    INTERN(s_op_id, "op_id"); INTERN(s_work, "work"); INTERN(s_pending, "_pending"); INTERN(s_is_completed, "is_completed");
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    PyTypeObject *types[] = {&PlanType, &LocalType, &GateType};
+    PyTypeObject *types[] = {&PlanType, &LocalType, &GateType, &HookLocalType};
     for (size_t k = 0; k < sizeof(types) / sizeof(types[0]); k++) {
         if (PyType_Ready(types[k]) < 0 || PyModule_AddType(m, types[k]) < 0) {
             Py_DECREF(m);

@@ -41,6 +41,32 @@ def gate(hook):
     return hook if _fastpath is None else _fastpath.Gate(hook)
 
 
+def drainer(settings):
+    """The recorder's poller's loop compiled (_fastpath.drain), where the compiled path is in use;
+    else None: the Python loop. Both write the same COMPLETE slots."""
+    if _fastpath is None or getattr(settings, "pure", False):
+        return None
+    return getattr(_fastpath, "drain", None)
+
+
+def hook_local():
+    """hooks.py's per-thread open op where the compiled path is built: a C thread-local the compiled
+    hook case (hook_gates) and the Python hooks share; else None (a threading.local)."""
+    return None if _fastpath is None else _fastpath.HookLocal()
+
+
+def hook_gates(pre, post, ref, shim_globals, learn, kinds):
+    """c10d's pre/post hooks for one group (held weakly by `ref`) behind the compiled depth test and,
+    where `kinds` is given (the compiled path in use), with the hook route's common case taken in C:
+    an op named by its HookOpName and tensors alone (no root, no peer), its signature as learn(rec,
+    args, input_tensors, is_async) said; `pre`/`post` (the Python hooks) take every other call."""
+    if _fastpath is None:
+        return pre, post
+    if kinds is None:
+        return _fastpath.Gate(pre), _fastpath.Gate(post)
+    return _fastpath.Gate(pre, 1, ref, shim_globals, learn, kinds), _fastpath.Gate(post, 2, ref, shim_globals, None, kinds)
+
+
 def plan(orig, slow, learn, shim_globals: dict, world, non_member, params, tensor_param, reducing: bool,
          one_step: bool = False):
     """The compiled hot path for one collective, or None where it does not apply.

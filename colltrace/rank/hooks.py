@@ -48,10 +48,19 @@ class _Local(threading.local):
     open = None   # the ctx of the op this thread's pre-hook recorded, until its post-hook
 
 
-_local = _Local()
+_local = fastpath.hook_local() or _Local()   # shared with the compiled hook case where it is built
 _names: dict = {}   # (HookOpName, number of inputs) -> op, for ops whose name needs no outputs
 _NEEDS_OUTS = frozenset(("allgather", "allgather_base", "reduce_scatter", "reduce_scatter_base", "alltoall",
                          "alltoall_base", "allgather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced"))
+# The ops the compiled hook case takes (fastpath.hook_gates): named by the HookOpName and the tensors'
+# counts alone, no root, no peer. Of those, the ones that are one backend op (one step of the
+# group's counter, as fastpath.ONE_STEP says of the wrappers): the counter is read before only.
+_FAST_OPS = frozenset(("allreduce", "allreduce_coalesced", "allgather", "allgather_base", "allgather_coalesced",
+                       "allgather_into_tensor_coalesced", "reduce_scatter", "reduce_scatter_base",
+                       "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base", "barrier"))
+_ONE_STEP = frozenset(("allreduce", "allgather", "allgather_base", "reduce_scatter", "reduce_scatter_base", "alltoall",
+                       "alltoall_base", "barrier"))
+_kinds_table: list = []
 _attached: "weakref.WeakSet" = weakref.WeakSet()
 _lock = threading.Lock()
 
@@ -87,13 +96,41 @@ def attach(pg, shim) -> bool:
                 _register_exit()
             _attached.add(pg)
         ref = weakref.ref(pg)
-        # gated: inside a wrapped call the hooks return before any Python runs (fastpath.gate)
-        pg.register_pre_hook(HOOK_ID, fastpath.gate(_make_pre(ref, shim)))
-        pg.register_post_hook(HOOK_ID, fastpath.gate(_make_post(shim)))
+        # gated: inside a wrapped call the hooks return before any Python runs; where the compiled
+        # path is in use, the common case is recorded in C (fastpath.hook_gates)
+        kinds = _kinds(shim)
+        pre, post = fastpath.hook_gates(_make_pre(ref, shim), _make_post(shim), ref,
+                                        vars(shim) if kinds is not None else None, _make_learn(ref, shim), kinds)
+        pg.register_pre_hook(HOOK_ID, pre)
+        pg.register_post_hook(HOOK_ID, post)
         return True
     except Exception as exc:   # an odd group: the wrappers still trace it
         _report(shim, exc)
         return False
+
+
+def _kinds(shim):
+    """Per HookOpName value, what the compiled hook case does with it: 1 takes it (its op follows
+    from the name and the inputs' count), 2 takes it with the outputs' count too, 0 leaves it to the
+    Python hook (a root, a peer, a name it does not know). None where the compiled case is not used:
+    no compiled path, COLLTRACE_PURE=1, a shim that is no module (tests)."""
+    settings = getattr(shim, "_state", {}).get("settings") if isinstance(getattr(shim, "_state", None), dict) else None
+    if not fastpath.available() or settings is None or getattr(settings, "pure", False) or type(shim) is not type(sys):
+        return None
+    if not _kinds_table:
+        table = None
+        try:
+            members = sys.modules["torch._C._distributed_c10d"].HookOpName.__members__
+            values = {}
+            for text, member in members.items():
+                family = _NAMES.get(text.lower().replace("_", ""))
+                values[int(member)] = (1 if family in ("allreduce", "barrier") else 2 if family in _FAST_OPS else 0)
+            if values and min(values) >= 0 and max(values) < 256:
+                table = bytes(values.get(i, 0) for i in range(max(values) + 1))
+        except Exception:
+            table = None
+        _kinds_table.append(table)
+    return _kinds_table[0]
 
 
 _exit_registered = False
@@ -217,6 +254,30 @@ def _make_pre(ref, shim):
             _report(shim, exc)
 
     return pre_hook
+
+
+def _make_learn(ref, shim):
+    def learn(rec, args, ins, is_async):
+        """What the compiled pre-hook needs for ops like this one (its HookOpName, the tensors'
+        counts, the one input's shape and dtype, async_op), interned as pre_hook interns them:
+        (signature id, group state, its counter getter, group id, one backend step?); False for
+        ops that are pre_hook's alone (a root, a peer); None for a group not described yet."""
+        pg = ref()
+        if pg is None:
+            return None
+        gs = rec.group_state(pg, shim._describe_group)
+        if gs is None or gs.seq_fn is None:
+            return None
+        bop = op_name(args.name, len(ins), len(args.output_tensors))
+        r = args.root
+        if bop not in _FAST_OPS or (r is not None and r >= 0):
+            return False
+        shapes, dtypes, _ = shim._describe_tensors(ins)
+        backend_op = shim.BACKEND_OVERRIDES.get((gs.backend, bop), bop)
+        sig = rec.sig_id((bop, backend_op, gs.id, shapes, dtypes, None, -1, -1, bool(is_async)))
+        return sig, gs, gs.seq_fn, gs.id, bop in _ONE_STEP
+
+    return learn
 
 
 def _make_post(shim):

@@ -48,6 +48,30 @@ def _line_of(code, lasti: int) -> int:
     return line if line is not None else code.co_firstlineno
 
 
+def _waitable_done(w) -> bool:
+    """Whether a waitable the poller holds (a Work, a CUDA event, a coalesced block's works) is
+    finished; a failed one is: its error reaches the program itself."""
+    try:
+        return w.query() if hasattr(w, "query") else all(x.is_completed() for x in w) if isinstance(w, (list, tuple)) else w.is_completed()
+    except Exception:
+        return True
+
+
+_work_types: list = []
+
+
+def _work_type():
+    """c10d's Work type, whose finished state the compiled drain asks itself (is_completed(), as
+    _waitable_done would); None where torch's is not that (no such type, or one with query())."""
+    if not _work_types:
+        mod = sys.modules.get("torch._C._distributed_c10d")
+        t = getattr(mod, "Work", None)
+        if not isinstance(t, type) or hasattr(t, "query") or issubclass(t, (list, tuple)):
+            return None   # asked again at the next drain (torch may not be imported yet)
+        _work_types.append(t)
+    return _work_types[0]
+
+
 class _Local(threading.local):
     depth = 0   # >0 while a traced call runs on this thread: inner calls are its parts
 
@@ -109,6 +133,7 @@ class Recorder:
         self._rec_ids = itertools.count(1)
         self._pending: list = []        # (rec_id, waitable) polled for completion off the hot path
         self._pending_lock = threading.Lock()
+        self._drain = fastpath.drainer(settings)   # the compiled drain loop, or None: the Python one
         self._event_factory = event_factory
         self._stop = threading.Event()
         self._internal_error_reported = False
@@ -389,17 +414,17 @@ class Recorder:
             return
         with self._pending_lock:
             pending, self._pending = self._pending, []
-        keep = []
-        for item in pending:
-            rec, gid, seq, w = item
-            try:
-                done = w.query() if hasattr(w, "query") else all(x.is_completed() for x in w) if isinstance(w, (list, tuple)) else w.is_completed()
-            except Exception:
-                done = True  # a failed work is finished too; its error reaches the program itself
-            if done:
-                self.ring.write(COMPLETE, 0, gid, 0, 0, 0, 0, seq, 0, _time(), rec)
-            elif not final:
-                keep.append(item)
+        if self._drain is not None:   # the compiled loop (fastpath.drainer): the same slots
+            ring = self.ring
+            keep = self._drain(pending, final, ring._serial, ring._mm, ring.slots, _work_type(), _waitable_done)
+        else:
+            keep = []
+            for item in pending:
+                rec, gid, seq, w = item
+                if _waitable_done(w):
+                    self.ring.write(COMPLETE, 0, gid, 0, 0, 0, 0, seq, 0, _time(), rec)
+                elif not final:
+                    keep.append(item)
         if keep:
             with self._pending_lock:
                 self._pending[:0] = keep

@@ -43,4 +43,6 @@ elif sys.argv[1] == "inject":
     model(torch.ones(1, 4) * (rank + 1)).sum().backward()
     dist.barrier()
     print("RESULT", x.tolist(), [t.tolist() for t in out], model.module.weight.grad.tolist(), flush=True)
+    del model   # DDP holds the group
+del pg   # a group kept alive past destroy_process_group makes gloo abort at exit
 dist.destroy_process_group()
