@@ -13,6 +13,10 @@ try:
     from colltrace.rank import _fastpath
 except ImportError:   # not built (no compiler at install time, Python < 3.11): the Python wrappers
     _fastpath = None
+# A build older than this source (a checkout updated without reinstalling) lacks what the code
+# below calls: the Python wrappers then, not an AttributeError inside a rank.
+if _fastpath is not None and not all(hasattr(_fastpath, n) for n in ("Plan", "Local", "Gate", "HookLocal", "drain")):
+    _fastpath = None
 
 
 # Collectives that are one backend op (one step of the group's counter) whatever they are given:
