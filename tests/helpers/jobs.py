@@ -53,3 +53,33 @@ def findings(directory: str) -> list[dict]:
         return []
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def internal_errors_with_results_unchanged(traced, plain, ranks=(0, 1), timeout: float = 90) -> dict[int, list[str]]:
+    """The same job run traced and untraced: both end cleanly and every rank prints the same RESULT
+    lines (colltrace changed nothing). Returns each traced rank's "colltrace: internal error" lines."""
+    assert traced.wait(timeout) == [0] * len(ranks) and plain.wait(timeout) == [0] * len(ranks), traced.stderr(0)[-3000:]
+    errors = {}
+    for r in ranks:
+        result = [line for line in traced.stdout(r).splitlines() if line.startswith("RESULT")]
+        assert result and result == [line for line in plain.stdout(r).splitlines() if line.startswith("RESULT")]
+        errors[r] = [line for line in traced.stderr(r).splitlines() if line.startswith("colltrace: internal error")]
+    return errors
+
+
+# A record's fields a user compares between two runs: all but ids and times.
+KEEP = ("group", "seq", "seq_end", "op", "backend_op", "p2p", "peer", "state", "async", "shapes", "dtypes",
+        "reduce_op", "root", "count", "thread")
+
+
+def records(directory: str, rank: int) -> list[dict]:
+    """A rank's records as a user compares them: the KEEP fields, frames as file:line (func)."""
+    from colltrace.tracefile import reader
+
+    (tr,) = [t for t in reader.load_traces(directory) if t.rank == rank]
+    out = []
+    for r in tr.all_records():
+        row = {k: r.get(k) for k in KEEP}
+        row["frames"] = [f"{os.path.basename(f['file'])}:{f['line']} ({f['func']})" for f in r.get("frames") or []]
+        out.append(row)
+    return out

@@ -4,29 +4,13 @@ it is for. COLLTRACE_PURE=1 keeps to the Python wrappers."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from colltrace.rank import fastpath
-from colltrace.tracefile import reader
+from helpers.jobs import internal_errors_with_results_unchanged, records
 
 pytestmark = pytest.mark.skipif(not fastpath.available(), reason="the compiled hot path was not built here")
-
-KEEP = ("group", "seq", "seq_end", "op", "backend_op", "p2p", "peer", "state", "async", "shapes", "dtypes",
-        "reduce_op", "root", "count", "thread")
-
-
-def records(job, rank):
-    """What a user compares: every field but ids and times, frames as file:line (func)."""
-    (tr,) = [t for t in reader.load_traces(job.dir) if t.rank == rank]
-    out = []
-    for r in tr.all_records():
-        row = {k: r.get(k) for k in KEEP}
-        row["frames"] = [f"{os.path.basename(f['file'])}:{f['line']} ({f['func']})" for f in r.get("frames") or []]
-        out.append(row)
-    return out
-
 
 def run(gloo_job, script="all_ops.py", **env):
     job = gloo_job(script, 2, env=env)
@@ -41,7 +25,7 @@ def test_the_compiled_path_records_what_the_python_wrappers_record(gloo_job):
     assert pure_hits is None            # COLLTRACE_PURE=1: the Python wrappers only
     assert hits and hits >= 2           # the plain all_reduces went the compiled way
     for rank in (0, 1):
-        got, want = records(fast, rank), records(pure, rank)
+        got, want = records(fast.dir, rank), records(pure.dir, rank)
         assert len(got) == len(want) and got == want
 
 
@@ -51,7 +35,7 @@ def test_what_the_compiled_path_remembers_never_changes_a_record(gloo_job):
     fast, hits = run(gloo_job, "fastpath_caches.py")
     pure, _ = run(gloo_job, "fastpath_caches.py", COLLTRACE_PURE="1")
     for rank in (0, 1):
-        got, want = records(fast, rank), records(pure, rank)
+        got, want = records(fast.dir, rank), records(pure.dir, rank)
         assert len(got) == len(want) and got == want
         sites = [r["frames"][-1] for r in got if r["frames"] and r["frames"][-1].startswith("generated_sites.py")]
         assert len(sites) == 160 and len(set(sites)) == 80   # innermost frame: each site its own line
@@ -63,9 +47,5 @@ def test_what_the_compiled_path_remembers_never_changes_a_record(gloo_job):
 def test_a_failure_inside_the_compiled_path_is_said_once_and_the_job_goes_on(gloo_job):
     traced = gloo_job("fastpath_failure.py", 2, env={"COLLTRACE_WATCHDOG": "off"})
     plain = gloo_job("fastpath_failure.py", 2, traced=False)
-    assert traced.wait(90) == [0, 0] and plain.wait(90) == [0, 0], traced.stderr(0)[-3000:]
-    for r in (0, 1):
-        result = [l for l in traced.stdout(r).splitlines() if l.startswith("RESULT")]
-        assert result and result == [l for l in plain.stdout(r).splitlines() if l.startswith("RESULT")]
-        errors = [l for l in traced.stderr(r).splitlines() if l.startswith("colltrace: internal error")]
+    for r, errors in internal_errors_with_results_unchanged(traced, plain).items():
         assert len(errors) == 1, traced.stderr(r)[-3000:]

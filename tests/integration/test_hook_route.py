@@ -10,7 +10,7 @@ import pytest
 import torch.distributed as dist
 
 from colltrace.rank import fastpath, hooks
-from test_fastpath import records
+from helpers.jobs import internal_errors_with_results_unchanged, records
 
 pytestmark = [pytest.mark.skipif(not fastpath.available(), reason="the compiled hot path was not built here"),
               pytest.mark.skipif(not hooks.supported(dist.ProcessGroup), reason="torch < 2.14: no c10d hooks")]
@@ -31,7 +31,7 @@ def test_the_compiled_hook_case_records_what_the_python_hooks_record(gloo_job):
     # scatter and all-to-all forms, the barrier and DDP's buckets went the compiled way (24 of them)
     assert hits >= 20, hits
     for rank in (0, 1):
-        got, want = records(fast, rank), records(pure, rank)
+        got, want = records(fast.dir, rank), records(pure.dir, rank)
         assert len(got) == len(want) and got == want
         ops = {r["op"] for r in got}
         assert {"allreduce", "allreduce_coalesced", "allgather", "allgather_base", "broadcast", "barrier",
@@ -43,9 +43,5 @@ def test_the_compiled_hook_case_records_what_the_python_hooks_record(gloo_job):
 def test_a_failure_inside_the_compiled_hook_case_is_said_once_and_the_job_goes_on(gloo_job):
     traced = gloo_job("hook_failure.py", 2, env={"COLLTRACE_WATCHDOG": "off"})
     plain = gloo_job("hook_failure.py", 2, traced=False)
-    assert traced.wait(90) == [0, 0] and plain.wait(90) == [0, 0], traced.stderr(0)[-3000:]
-    for r in (0, 1):
-        result = [l for l in traced.stdout(r).splitlines() if l.startswith("RESULT")]
-        assert result and result == [l for l in plain.stdout(r).splitlines() if l.startswith("RESULT")]
-        errors = [l for l in traced.stderr(r).splitlines() if l.startswith("colltrace: internal error")]
+    for r, errors in internal_errors_with_results_unchanged(traced, plain).items():
         assert len(errors) == 1, traced.stderr(r)[-3000:]
