@@ -30,8 +30,8 @@ EXIT_ABORT = "terminate called without an active exception"
 
 class GlooExitAbort(AssertionError):
     """A rank of the job died of gloo's abort at interpreter exit: torch's race, not the behaviour
-    under test. pyproject.toml's only_rerun reruns such a test
-    once (pytest-rerunfailures); any other failure, or the same abort twice, fails it."""
+    under test. pyproject.toml's only_rerun runs such a test again, up to twice
+    (pytest-rerunfailures); any other failure, or the same abort three times, fails it."""
 
 
 def _exit_abort(rank: int, code: int | None, err: str) -> None:
