@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import enum
-import time
 
 import pytest
 
 from colltrace.rank import hooks
+from helpers.waiting import wait_until
 
 
 class HookOpName(enum.Enum):   # the spellings torch 2.14 and 2.15 use
@@ -111,15 +111,6 @@ class DoneWork:
 
 class CountingGroup(FakeGroup):
     seq = 0
-
-
-def wait_until(pred, timeout=5.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def _hook_route_records(tmp_path, pure: bool, monkeypatch):

@@ -7,6 +7,7 @@ import time
 from colltrace import config
 from colltrace.tracefile import reader
 from colltrace.rank.recorder import Recorder
+from helpers.waiting import wait_until
 
 
 class FakeEvent:
@@ -39,15 +40,6 @@ class FakeGroup:
 
 def describe(pg):
     return "7", "fake", [0, 1], "nccl", None
-
-
-def wait_until(pred, timeout=5.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def state_of(directory, rec_id):
