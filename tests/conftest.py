@@ -34,12 +34,12 @@ class GlooExitAbort(AssertionError):
     (pytest-rerunfailures); any other failure, or the same abort three times, fails it."""
 
 
-def _exit_abort(rank: int, code: int | None, err: str) -> None:
+def _exit_abort(rank: int, code: int | None, err: str, what: str = "") -> None:
     """Raise GlooExitAbort if `rank` ended that way: SIGABRT after libstdc++'s line for a thread
     ended in a noexcept frame. Only that exit race prints it in these jobs (gloo's mismatch aborts
     say "terminate called after throwing", abort() says nothing; colltrace runs no C++ thread)."""
     if code == -signal.SIGABRT and EXIT_ABORT in err:
-        raise GlooExitAbort(f"rank {rank} died of gloo's abort at interpreter exit ({EXIT_ABORT}); "
+        raise GlooExitAbort(f"rank {rank}{what} died of gloo's abort at interpreter exit ({EXIT_ABORT}); "
                             f"stderr:\n{err[-2000:]}")
 
 
@@ -49,6 +49,7 @@ class Job:
     dir: str
     store: object = None
     outputs: dict = field(default_factory=dict)
+    traced: bool = True
 
     def wait(self, timeout: float) -> list[int]:
         deadline = time.time() + timeout
@@ -64,7 +65,7 @@ class Job:
             self.outputs[rank] = (out, err)
             codes.append(p.returncode)
         for rank, code in enumerate(codes):
-            _exit_abort(rank, code, self.stderr(rank))
+            _exit_abort(rank, code, self.stderr(rank), f" of a {'traced' if self.traced else 'plain'} job")
         return codes
 
     def stderr(self, rank: int) -> str:
@@ -122,7 +123,7 @@ def _job_starter(tmp_path):
                                   stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
                  for r in range(nprocs)]
-        job = Job(procs, d, store)
+        job = Job(procs, d, store, traced=traced)
         jobs.append(job)
         return job
 
