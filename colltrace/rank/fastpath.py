@@ -39,18 +39,12 @@ def thread_local(settings):
     return _fastpath.Local()
 
 
-def gate(hook):
-    """c10d's hook `hook` behind the compiled depth test: it returns at once inside a traced call
-    (where the Python hook would return too) without running Python. The hook itself elsewhere."""
-    return hook if _fastpath is None else _fastpath.Gate(hook)
-
-
 def drainer(settings):
     """The recorder's poller's loop compiled (_fastpath.drain), where the compiled path is in use;
     else None: the Python loop. Both write the same COMPLETE slots."""
     if _fastpath is None or getattr(settings, "pure", False):
         return None
-    return getattr(_fastpath, "drain", None)
+    return _fastpath.drain
 
 
 def hook_local():
