@@ -11,7 +11,9 @@ switching the counter on and off cancelled out. Modes: untraced, traced (colltra
 the compiled hot path where it was built, else the Python wrappers), traced-python (the Python
 wrappers alone, COLLTRACE_PURE=1), flightrec (PyTorch's Flight Recorder, TORCH_FR_BUFFER_SIZE=2000),
 and on torch >= 2.14 hooks (the original function: c10d's per-group hooks record it, colltrace's
-route for what no wrapper sees).
+route for what no wrapper sees) and hooks-floor (untraced, with a builtin registered as both c10d
+hooks: what c10d itself spends on every collective of a group that has hooks, which a traced call
+pays too; traced minus hooks-floor is colltrace's own share).
 Needs valgrind (apt-get install valgrind).
 """
 from __future__ import annotations
@@ -34,6 +36,9 @@ torch.manual_seed(0)
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 x = torch.ones(1)
 f = dist.all_reduce
+if mode == "hooks-floor":   # torch >= 2.14: the cheapest hooks there are (a builtin), what c10d spends to call any
+    dist.group.WORLD.register_pre_hook(1, id)
+    dist.group.WORLD.register_post_hook(1, id)
 if mode == "hooks":   # torch >= 2.14: the original function, recorded by colltrace's c10d hooks alone
     f = f.__colltrace_original__
 for _ in range(50):      # warm: every stack and signature interned, every cache filled
@@ -89,7 +94,7 @@ def modes() -> tuple[str, ...]:
 
     from colltrace.rank import hooks
 
-    return MODES + (("hooks",) if hooks.supported(dist.ProcessGroup) else ())
+    return MODES + (("hooks", "hooks-floor") if hooks.supported(dist.ProcessGroup) else ())
 
 
 def per_call(small: int, large: int, only=None) -> dict[str, float]:
@@ -112,6 +117,10 @@ def report(figures: dict[str, float]) -> str:
     for mode in figures:
         v = figures[mode]
         lines.append(f"  {mode:<13} {v:10,.0f}   ({v / base:5.2f}x, {v - base:+10,.0f} beyond untraced)")
+    if "traced" in figures and "hooks-floor" in figures:
+        floor = figures["hooks-floor"] - base
+        lines.append(f"  of the traced call's {figures['traced'] - base:+,.0f}: c10d's dispatch of its two hooks "
+                     f"{floor:+,.0f}, colltrace's own {figures['traced'] - figures['hooks-floor']:+,.0f}")
     return "\n".join(lines)
 
 

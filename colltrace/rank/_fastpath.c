@@ -139,17 +139,66 @@ static int set_long_attr(PyObject *obj, PyObject *name, long long value)
     return rc;
 }
 
+/* The ring's serial and the record ids, one counter each that the Python writers (next(c)) and this
+ * path (c->next++) share, both under the GIL: itertools.count made a number object and freed it
+ * on every take, three times per call. */
+typedef struct {
+    PyObject_HEAD
+    long long next;
+} Counter;
+
+static PyObject *Counter_next(Counter *c)
+{
+    return PyLong_FromLongLong(c->next++);
+}
+
+static int Counter_init(Counter *c, PyObject *args, PyObject *kwds)
+{
+    long long start = 0;
+    if (!PyArg_ParseTuple(args, "|L:Counter", &start))
+        return -1;
+    c->next = start;
+    return 0;
+}
+
+static PyObject *Counter_repr(Counter *c)
+{
+    return PyUnicode_FromFormat("Counter(%lld)", c->next);
+}
+
+static PyTypeObject CounterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "colltrace.rank._fastpath.Counter",
+    .tp_doc = "Counter(start=0): itertools.count for ints, shared with the compiled path without a number object.",
+    .tp_basicsize = sizeof(Counter),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Counter_init,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)Counter_next,
+    .tp_repr = (reprfunc)Counter_repr,
+};
+
+/* the next number of a Counter, or of any other iterator of ints (itertools.count) */
+static int take(PyObject *counter, long long *out)
+{
+    if (Py_IS_TYPE(counter, &CounterType)) {
+        *out = ((Counter *)counter)->next++;
+        return 0;
+    }
+    PyObject *v = PyIter_Next(counter);
+    if (v == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_RuntimeError, "colltrace's counter is exhausted");
+    return as_long(v, out);
+}
+
 /* One slot into the ring, as RingWriter.write does: the serial from its counter, the commit
  * (serial + 1) stored last; then the header's count hint (RingWriter.heartbeat keeps the larger). */
 #define COUNT_OFFSET 64
 static int ring_write(Parts *p, Slot *slot)
 {
-    PyObject *iv = PyIter_Next(p->serial);
-    if (iv == NULL)
-        return -1;
-    long long i = PyLong_AsLongLong(iv);
-    Py_DECREF(iv);
-    if (i == -1 && PyErr_Occurred())
+    long long i;
+    if (take(p->serial, &i) < 0)
         return -1;
     Py_buffer view;   /* taken and released at once: the mapping can always be closed */
     if (PyObject_GetBuffer(p->mm, &view, PyBUF_WRITABLE) < 0)
@@ -567,7 +616,7 @@ static PyObject *gate_recorder(Gate *g, int *quiet)
 static PyObject *hook_pre(Gate *g, PyObject *a)
 {
     PyObject *name = NULL, *idx = NULL, *ins = NULL, *outs = NULL, *shape = NULL, *dtype = NULL, *av = NULL,
-             *opv = NULL, *skey = NULL, *held = NULL, *last_obj = NULL, *idv = NULL;
+             *opv = NULL, *skey = NULL, *held = NULL, *last_obj = NULL;
     int done = 0;   /* 1: recorded, or nothing to record; 0: the Python hook */
     int quiet;
     PyObject *rec = gate_recorder(g, &quiet);
@@ -674,7 +723,7 @@ static PyObject *hook_pre(Gate *g, PyObject *a)
     sid = stack_id(&g->r, rec, PyEval_GetFrame());
     if (sid < 0 || (tid = thread_id(&g->r, rec)) < 0)
         goto out;
-    if ((idv = PyIter_Next(g->r.rec_ids)) == NULL || ((rec_id = PyLong_AsLongLong(idv)) == -1 && PyErr_Occurred()))
+    if (take(g->r.rec_ids, &rec_id) < 0)
         goto out;
 
     done = 1;
@@ -712,7 +761,6 @@ out:
     Py_XDECREF(skey);
     Py_XDECREF(held);
     Py_XDECREF(last_obj);
-    Py_XDECREF(idv);
     if (!done)
         return gate_python(g, a);
     PyErr_Clear();
@@ -889,7 +937,7 @@ static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
     enum route route = SLOW;
     PyObject *result = NULL;
     int called = 0;   /* the original ran under the compiled path: its result (or exception) stands */
-    PyObject *pg = NULL, *shape = NULL, *dtype = NULL, *skey = NULL, *last_obj = NULL, *idv = NULL, *held = NULL;
+    PyObject *pg = NULL, *shape = NULL, *dtype = NULL, *skey = NULL, *last_obj = NULL, *held = NULL;
     PyObject *rec = PyDict_GetItemWithError(p->shim, s_recorder);   /* borrowed */
     if (rec == NULL || rec == Py_None) {
         route = ORIG;
@@ -1021,7 +1069,7 @@ learned:
         goto out;
     if (read_seq(seq_fn, pg, &before) < 0)
         goto out;
-    if ((idv = PyIter_Next(p->r.rec_ids)) == NULL || ((rec_id = PyLong_AsLongLong(idv)) == -1 && PyErr_Occurred()))
+    if (take(p->r.rec_ids, &rec_id) < 0)
         goto out;   /* nothing written yet: the Python wrapper starts over */
 
     Slot slot;
@@ -1076,7 +1124,6 @@ learned:
 
 out:
     Py_XDECREF(held);
-    Py_XDECREF(idv);
     Py_XDECREF(last_obj);
     Py_XDECREF(skey);
     Py_XDECREF(shape);
@@ -1269,7 +1316,7 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    PyTypeObject *types[] = {&PlanType, &LocalType, &GateType, &HookLocalType};
+    PyTypeObject *types[] = {&PlanType, &LocalType, &GateType, &HookLocalType, &CounterType};
     for (size_t k = 0; k < sizeof(types) / sizeof(types[0]); k++) {
         if (PyType_Ready(types[k]) < 0 || PyModule_AddType(m, types[k]) < 0) {
             Py_DECREF(m);

@@ -15,7 +15,7 @@ except ImportError:   # not built (no compiler at install time, Python < 3.11): 
     _fastpath = None
 # A build older than this source (a checkout updated without reinstalling) lacks what the code
 # below calls: the Python wrappers then, not an AttributeError inside a rank.
-if _fastpath is not None and not all(hasattr(_fastpath, n) for n in ("Plan", "Local", "Gate", "HookLocal", "drain")):
+if _fastpath is not None and not all(hasattr(_fastpath, n) for n in ("Plan", "Local", "Gate", "HookLocal", "drain", "Counter")):
     _fastpath = None
 
 
@@ -37,6 +37,17 @@ def thread_local(settings):
     if _fastpath is None or getattr(settings, "pure", False):
         return None
     return _fastpath.Local()
+
+
+def counter(start: int, settings):
+    """A counter for the ring's serial or the record ids: the compiled one where the compiled path
+    is in use (it takes a number without making an object), else itertools.count. next() works on
+    both: the Python writers and the compiled path draw from the same one."""
+    if _fastpath is None or getattr(settings, "pure", False):
+        import itertools
+
+        return itertools.count(start)
+    return _fastpath.Counter(start)
 
 
 def drainer(settings):

@@ -108,7 +108,7 @@ class Recorder:
             self._write_meta(rank, world_size, backend)
             if self.defs.failed is not None:
                 raise self.defs.failed
-            self.ring = ringfile.RingWriter(rank_file(d, rank, "ring"), settings.ring_slots)
+            self.ring = ringfile.RingWriter(rank_file(d, rank, "ring"), settings.ring_slots, fastpath.counter(0, settings))
         except OSError as exc:
             probes.uninstall_signal(self._stack_signal_file)
             if getattr(self, "defs", None) is not None:
@@ -130,7 +130,7 @@ class Recorder:
         self.groups: dict = {}          # id(process group) -> GroupState
         self._untraced_groups = weakref.WeakSet()   # groups that could not be described
         self._group_ids = itertools.count(1)
-        self._rec_ids = itertools.count(1)
+        self._rec_ids = fastpath.counter(1, settings)
         self._pending: list = []        # (rec_id, waitable) polled for completion off the hot path
         self._pending_lock = threading.Lock()
         self._drain = fastpath.drainer(settings)   # the compiled drain loop, or None: the Python one

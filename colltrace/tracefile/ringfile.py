@@ -43,7 +43,9 @@ assert SLOT_SIZE == 64
 class RingWriter:
     """Owned by one process; any of its threads may write (the serial comes from an atomic counter)."""
 
-    def __init__(self, path: str, slots: int):
+    def __init__(self, path: str, slots: int, serial=None):
+        """serial: the iterator of slot serials (0, 1, ...), itertools.count() unless given (the
+        recorder gives one the compiled path shares)."""
         self.path = path
         self.slots = slots
         size = HEADER_SIZE + slots * SLOT_SIZE
@@ -69,7 +71,7 @@ class RingWriter:
             except OSError:
                 pass
             raise
-        self._serial = itertools.count()
+        self._serial = itertools.count() if serial is None else serial
         self._pack = SLOT.pack_into
         self.written = 0
 

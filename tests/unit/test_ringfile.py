@@ -76,3 +76,24 @@ def test_defs_writer_is_bounded(tmp_path):
     assert results[0] and not results[-1]
     assert os.path.getsize(tmp_path / "d.jsonl") <= 200
     assert w.write({"k": "exit", "t": 1.0})   # the end-of-run record always fits
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["itertools-count", "compiled-counter"])
+def test_python_and_compiled_writers_share_one_serial_and_lose_nothing(tmp_path, compiled):
+    from colltrace.rank import fastpath
+
+    if not fastpath.available():
+        pytest.skip("the compiled hot path was not built here")
+    serial = fastpath._fastpath.Counter(0) if compiled else None
+    path = str(tmp_path / "r.ring")
+    w = ringfile.RingWriter(path, 64, serial)
+    for i in range(5):
+        w.write(ENTER, 0, 1, 1, 1, 1, 0, 2 * i + 1, -1, float(i), i + 1)
+        # the compiled poller loop writes a COMPLETE slot with the same counter, in between
+        left = fastpath._fastpath.drain([(i + 1, 1, 2 * i + 2, object())], False, w._serial, w._mm, w.slots,
+                                        type(None), lambda waitable: True)
+        assert left == []
+    got = ringfile.RingReader(path).poll()
+    assert [s[8] for s in got] == list(range(1, 11))   # every slot, in the order written
+    assert [s[0] for s in got] == [ENTER, COMPLETE] * 5
+    assert next(w._serial) == 10
