@@ -9,10 +9,17 @@ slots; tests/unit/test_fastpath.py checks both routes record the same events.
 """
 from __future__ import annotations
 
-try:
-    from colltrace.rank import _fastpath
-except ImportError:   # not built (no compiler at install time, Python < 3.11): the Python wrappers
+import sys
+
+if not getattr(sys, "_is_gil_enabled", lambda: True)():
+    # A free-threaded interpreter running without the GIL: the extension relies on the GIL, and
+    # importing it would turn the GIL back on for the whole program. The Python wrappers then.
     _fastpath = None
+else:
+    try:
+        from colltrace.rank import _fastpath
+    except ImportError:   # not built (no compiler at install time, Python < 3.11): the Python wrappers
+        _fastpath = None
 # A build older than this source (a checkout updated without reinstalling) lacks what the code
 # below calls: the Python wrappers then, not an AttributeError inside a rank.
 if _fastpath is not None and not all(hasattr(_fastpath, n) for n in ("Plan", "Local", "Gate", "HookLocal", "drain", "Counter")):
