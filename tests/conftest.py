@@ -160,6 +160,7 @@ class TorchrunJob:
     proc: subprocess.Popen
     dir: str
     started: float
+    traced: bool = True
     out: str = ""
     err: str = ""
 
@@ -172,7 +173,7 @@ class TorchrunJob:
             raise AssertionError(f"torchrun still running after {timeout} s; stderr:\n{self.err[-4000:]}")
         # torchrun's failure table names the rank that died first ("rank : 1 ... exitcode : -6")
         for m in re.finditer(r"rank\s*:\s*(\d+)[^\n]*\n[^\n]*exitcode\s*:\s*(-?\d+)", self.err):
-            _exit_abort(int(m.group(1)), int(m.group(2)), self.err)
+            _exit_abort(int(m.group(1)), int(m.group(2)), self.err, f" of a {'traced' if self.traced else 'plain'} job")
         return self.proc.returncode
 
     def findings(self) -> list[dict]:
@@ -213,7 +214,7 @@ def torchrun_job(tmp_path):
                path, *map(str, args)]
         proc = subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
-        job = TorchrunJob(proc, d, time.time())
+        job = TorchrunJob(proc, d, time.time(), traced)
         jobs.append(job)
         return job
 

@@ -82,16 +82,18 @@ typedef struct {
     PyObject_HEAD
     PyObject *orig;        /* the torch.distributed function */
     PyObject *slow;        /* the Python wrapper: everything the fast path does not take */
-    PyObject *learn;       /* learn(rec, pg, tensor, op, is_async) -> (sig id, Python wrapper's only, gs, seq_fn, weakref(pg)) or None */
+    PyObject *learn;       /* learn(rec, pg, tensor, op, is_async, root, group_root) -> (sig id, Python wrapper's only, gs,
+                            * seq_fn, weakref(pg), gid) or None */
     PyObject *shim;        /* shim's globals: "recorder" is read on every call */
     PyObject *non_member;  /* GroupMember.NON_GROUP_MEMBER */
     PyObject *sigs;        /* (id(pg), shape, dtype, op, async) -> what learn said, for `rec` */
     Parts r;               /* the recorder's parts, its thread and stack caches */
     PyObject *world;       /* c10d._world: its default_pg is read on each call */
     /* the last call's signature and what it learned: a loop makes the same call again */
-    PyObject *m_pg, *m_shape, *m_dtype, *m_op, *m_known;
-    Py_ssize_t tensor_pos, group_pos, op_pos, async_pos;   /* -1: not a parameter */
+    PyObject *m_pg, *m_shape, *m_dtype, *m_op, *m_root, *m_groot, *m_known;
+    Py_ssize_t tensor_pos, group_pos, op_pos, async_pos, root_pos, groot_pos;   /* -1: not a parameter */
     PyObject *tensor_name, *op_default;
+    PyObject *root_name, *groot_name;   /* a rooted op's src/dst and group_src/group_dst; NULL: none */
     int has_tensor, reducing, one_step;
     unsigned long long hits;   /* calls this path recorded itself (tests check it is used) */
 } Plan;
@@ -363,6 +365,8 @@ static void memo_clear(Plan *p)
     Py_CLEAR(p->m_shape);
     Py_CLEAR(p->m_dtype);
     Py_CLEAR(p->m_op);
+    Py_CLEAR(p->m_root);
+    Py_CLEAR(p->m_groot);
     Py_CLEAR(p->m_known);
     p->m_pg = NULL;
     p->r.m_ident = 0;
@@ -996,8 +1000,15 @@ static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
     PyObject *op = p->reducing ? arg(args, kwargs, p->op_pos, s_op, p->op_default) : Py_None;
     if (op == NULL)
         goto out;
+    /* a rooted op's root as given (a global rank, or a group rank): learn() turns it into the record's */
+    PyObject *root = Py_None, *groot = Py_None;
+    if (p->root_name != NULL && (root = arg(args, kwargs, p->root_pos, p->root_name, Py_None)) == NULL)
+        goto out;
+    if (p->groot_name != NULL && (groot = arg(args, kwargs, p->groot_pos, p->groot_name, Py_None)) == NULL)
+        goto out;
     PyObject *known;   /* borrowed */
-    if (p->m_known != NULL && pg == p->m_pg && dtype == p->m_dtype && op == p->m_op && same_shape(shape, p->m_shape)) {
+    if (p->m_known != NULL && pg == p->m_pg && dtype == p->m_dtype && op == p->m_op && root == p->m_root
+            && groot == p->m_groot && same_shape(shape, p->m_shape)) {
         known = p->m_known;   /* the last call's again */
         goto learned;
     }
@@ -1005,8 +1016,8 @@ static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
     PyObject *gkey = PyLong_FromVoidPtr(pg);   /* by id: a key must not keep a destroyed group alive */
     if (gkey == NULL)
         goto out;
-    skey = PyTuple_Pack(5, gkey, shape ? shape : Py_None, dtype ? dtype : Py_None, op == p->op_default ? Py_None : op,
-                        Py_False);
+    skey = PyTuple_Pack(7, gkey, shape ? shape : Py_None, dtype ? dtype : Py_None, op == p->op_default ? Py_None : op,
+                        Py_False, root, groot);
     Py_DECREF(gkey);
     if (skey == NULL)
         goto out;
@@ -1014,7 +1025,7 @@ static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
     if (known == NULL) {
         if (PyErr_Occurred())   /* an unhashable op (premul sum): the Python wrapper names it */
             goto out;
-        PyObject *learned = PyObject_CallFunctionObjArgs(p->learn, rec, pg, tensor, op, Py_False, NULL);
+        PyObject *learned = PyObject_CallFunctionObjArgs(p->learn, rec, pg, tensor, op, Py_False, root, groot, NULL);
         if (learned == NULL)
             goto out;
         if (learned == Py_None) {   /* a group colltrace cannot describe (yet) */
@@ -1034,6 +1045,10 @@ static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
     Py_XSETREF(p->m_dtype, dtype);
     Py_INCREF(op);
     Py_XSETREF(p->m_op, op);
+    Py_INCREF(root);
+    Py_XSETREF(p->m_root, root);
+    Py_INCREF(groot);
+    Py_XSETREF(p->m_groot, groot);
     Py_INCREF(known);
     Py_XSETREF(p->m_known, known);
 learned:
@@ -1140,7 +1155,7 @@ out:
 
 /* every object a Plan holds, named once for the garbage collector's two walks */
 #define PLAN_OBJECTS(X) X(orig) X(slow) X(learn) X(shim) X(non_member) X(sigs) PARTS_OBJECTS(X) X(world) X(tensor_name) X(op_default) \
-    X(m_shape) X(m_dtype) X(m_op) X(m_known)
+    X(root_name) X(groot_name) X(m_shape) X(m_dtype) X(m_op) X(m_root) X(m_groot) X(m_known)
 
 static int Plan_traverse(Plan *p, visitproc visit, void *arg)
 {
@@ -1168,13 +1183,16 @@ static void Plan_dealloc(Plan *p)
 static int Plan_init(Plan *p, PyObject *args, PyObject *kwds)
 {
     static char *names[] = {"orig", "slow", "learn", "shim", "world", "non_member", "tensor_pos", "tensor_name",
-                            "group_pos", "op_pos", "op_default", "async_pos", "has_tensor", "reducing", "one_step", NULL};
-    PyObject *orig, *slow, *learn, *shim, *world, *non_member, *tensor_name, *op_default;
-    Py_ssize_t tensor_pos, group_pos, op_pos, async_pos;
+                            "group_pos", "op_pos", "op_default", "async_pos", "has_tensor", "reducing", "one_step",
+                            "root_pos", "root_name", "groot_pos", "groot_name", NULL};
+    PyObject *orig, *slow, *learn, *shim, *world, *non_member, *tensor_name, *op_default, *root_name = Py_None,
+             *groot_name = Py_None;
+    Py_ssize_t tensor_pos, group_pos, op_pos, async_pos, root_pos = -1, groot_pos = -1;
     int has_tensor, reducing, one_step;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO!OOnOnnOnppp", names, &orig, &slow, &learn, &PyDict_Type, &shim,
-                                     &world, &non_member, &tensor_pos, &tensor_name, &group_pos, &op_pos, &op_default,
-                                     &async_pos, &has_tensor, &reducing, &one_step))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO!OOnOnnOnppp|nOnO", names, &orig, &slow, &learn, &PyDict_Type,
+                                     &shim, &world, &non_member, &tensor_pos, &tensor_name, &group_pos, &op_pos,
+                                     &op_default, &async_pos, &has_tensor, &reducing, &one_step, &root_pos, &root_name,
+                                     &groot_pos, &groot_name))
         return -1;
     PyObject *sigs = PyDict_New();
     if (sigs == NULL)
@@ -1187,6 +1205,8 @@ static int Plan_init(Plan *p, PyObject *args, PyObject *kwds)
     Py_INCREF(non_member); Py_XSETREF(p->non_member, non_member);
     Py_INCREF(tensor_name); Py_XSETREF(p->tensor_name, tensor_name);
     Py_INCREF(op_default); Py_XSETREF(p->op_default, op_default);
+    Py_XSETREF(p->root_name, root_name == Py_None ? NULL : Py_NewRef(root_name));
+    Py_XSETREF(p->groot_name, groot_name == Py_None ? NULL : Py_NewRef(groot_name));
     Py_XSETREF(p->sigs, sigs);
     Py_CLEAR(p->r.rec);
     memo_clear(p);
@@ -1194,6 +1214,8 @@ static int Plan_init(Plan *p, PyObject *args, PyObject *kwds)
     p->group_pos = group_pos;
     p->op_pos = op_pos;
     p->async_pos = async_pos;
+    p->root_pos = root_pos;
+    p->groot_pos = groot_pos;
     p->has_tensor = has_tensor;
     p->reducing = reducing;
     p->one_step = one_step;

@@ -1,11 +1,12 @@
 """The compiled hot path (colltrace/rank/_fastpath.c), where it was built: which wrappers it
 takes, and COLLTRACE_PURE=1 to keep to the Python wrappers.
 
-It takes the plain collectives (no root, no peer: all_reduce, all_gather, reduce_scatter,
-all_to_all, barrier and their tensor forms) and, for each call, only the common case: one CPU
-tensor, blocking, its group, signature, thread and stack interned. Every other call, and any
-call where something is not as expected, goes to the Python wrapper, which writes the same
-slots; tests/unit/test_fastpath.py checks both routes record the same events.
+It takes the collectives of one tensor (all_reduce, all_gather, reduce_scatter, all_to_all,
+barrier and their tensor forms, and the rooted broadcast, reduce, gather and scatter; no p2p)
+and, for each call, only the common case: one CPU tensor, blocking, its group, signature,
+thread and stack interned. Every other call, and any call where something is not as expected,
+goes to the Python wrapper, which writes the same slots; tests/integration/test_fastpath.py
+checks both routes record the same events.
 """
 from __future__ import annotations
 
@@ -84,9 +85,10 @@ def hook_gates(pre, post, ref, shim_globals, learn, kinds):
 
 
 def plan(orig, slow, learn, shim_globals: dict, world, non_member, params, tensor_param, reducing: bool,
-         one_step: bool = False):
+         one_step: bool = False, root_param: str | None = None):
     """The compiled hot path for one collective, or None where it does not apply.
-    params: the original's parameter names, in order; world: c10d's _world (its default group)."""
+    params: the original's parameter names, in order; world: c10d's _world (its default group);
+    root_param: a rooted op's "src" or "dst" (its group_src/group_dst is read beside it)."""
     if _fastpath is None:
         return None
 
@@ -101,6 +103,9 @@ def plan(orig, slow, learn, shim_globals: dict, world, non_member, params, tenso
 
         p = inspect.signature(orig).parameters.get("op")
         op_default = None if p is None or p.default is inspect.Parameter.empty else p.default
+    group_root = None if root_param is None else "group_" + root_param
     return _fastpath.Plan(orig, slow, learn, shim_globals, world, non_member, pos(tensor_param or ""), tensor_param,
                           pos("group"), pos("op") if reducing else -1, op_default, pos("async_op"),
-                          tensor_param is not None, reducing, one_step)
+                          tensor_param is not None, reducing, one_step,
+                          pos(root_param) if root_param else -1, root_param,
+                          pos(group_root) if group_root in params else -1, group_root if group_root in params else None)

@@ -13,17 +13,20 @@ from helpers.jobs import internal_errors_with_results_unchanged, records
 pytestmark = pytest.mark.skipif(not fastpath.available(), reason="the compiled hot path was not built here")
 
 def run(gloo_job, script="all_ops.py", **env):
+    """The job, and how many calls the compiled path recorded itself on rank 0: all_reduce's, and
+    [broadcast's, reduce's, gather's, scatter's]."""
     job = gloo_job(script, 2, env=env)
     assert job.wait(120) == [0, 0], job.stderr(0)
-    hits = [json.loads(l[len("FASTPATH "):])["hits"] for l in job.stdout(0).splitlines() if l.startswith("FASTPATH ")]
-    return job, hits[0]
+    out = [json.loads(l[len("FASTPATH "):]) for l in job.stdout(0).splitlines() if l.startswith("FASTPATH ")]
+    return job, out[0]["hits"], out[0]["rooted"]
 
 
 def test_the_compiled_path_records_what_the_python_wrappers_record(gloo_job):
-    fast, hits = run(gloo_job)
-    pure, pure_hits = run(gloo_job, COLLTRACE_PURE="1")
-    assert pure_hits is None            # COLLTRACE_PURE=1: the Python wrappers only
+    fast, hits, rooted = run(gloo_job)
+    pure, pure_hits, pure_rooted = run(gloo_job, COLLTRACE_PURE="1")
+    assert pure_hits is None and pure_rooted == [None] * 4   # COLLTRACE_PURE=1: the Python wrappers only
     assert hits and hits >= 2           # the plain all_reduces went the compiled way
+    assert rooted == [1, 1, 1, 1]       # and broadcast, reduce, gather and scatter
     for rank in (0, 1):
         got, want = records(fast.dir, rank), records(pure.dir, rank)
         assert len(got) == len(want) and got == want
@@ -32,8 +35,8 @@ def test_the_compiled_path_records_what_the_python_wrappers_record(gloo_job):
 def test_what_the_compiled_path_remembers_never_changes_a_record(gloo_job):
     # alternating signatures, more call sites than its stack cache holds, two threads, and the
     # calls it must leave to the Python wrapper (torch.export's flag) or to no one (object parts)
-    fast, hits = run(gloo_job, "fastpath_caches.py")
-    pure, _ = run(gloo_job, "fastpath_caches.py", COLLTRACE_PURE="1")
+    fast, hits, rooted = run(gloo_job, "fastpath_caches.py")
+    pure, _, _ = run(gloo_job, "fastpath_caches.py", COLLTRACE_PURE="1")
     for rank in (0, 1):
         got, want = records(fast.dir, rank), records(pure.dir, rank)
         assert len(got) == len(want) and got == want
@@ -42,6 +45,7 @@ def test_what_the_compiled_path_remembers_never_changes_a_record(gloo_job):
         assert {r["thread"] for r in got if r["thread"]} == {"MainThread", "worker"}
     # every plain all_reduce but the one made while exporting went the compiled way
     assert hits == 9 + 160 + 6 + 2 + 1
+    assert rooted == [9, 3, 3, 3]   # every rooted call, whichever way its root was given
 
 
 def test_a_failure_inside_the_compiled_path_is_said_once_and_the_job_goes_on(gloo_job):

@@ -63,4 +63,6 @@ print("COUNTS " + json.dumps({"rank": rank, "counts": counts, "world_name": str(
                               "sub_name": str(sub.group_name), "result": x.tolist()}))
 dist.destroy_process_group()
 plan = getattr(dist.all_reduce, "__colltrace_plan__", None)   # colltrace's compiled hot path, if it is on
-print("FASTPATH " + json.dumps({"hits": plan.hits if plan is not None else None}))
+rooted = [getattr(getattr(dist, n), "__colltrace_plan__", None) for n in ("broadcast", "reduce", "gather", "scatter")]
+print("FASTPATH " + json.dumps({"hits": plan.hits if plan is not None else None,
+                                "rooted": [p.hits if p is not None else None for p in rooted]}))

@@ -1,7 +1,7 @@
 """What the compiled path remembers between calls, on 2 gloo ranks: the last call's signature
 (shapes, dtypes and ops that alternate), the caller's stack (more call sites than its cache
-holds, met twice), the calling thread (two threads, one after the other), and the calls it must
-leave alone (torch.export's compiling flag, an object collective's parts)."""
+holds, met twice), the calling thread (two threads, one after the other), rooted ops with their
+root given every way, and the calls it must leave alone (torch.export's compiling flag, an object collective's parts)."""
 import json
 import threading
 
@@ -36,6 +36,16 @@ for _ in range(2):
     t.join()
     dist.all_reduce(tensors[0])   # op: main_thread
 
+# rooted ops: the root given every way torch takes it, alternating so the last call's memo misses
+x = torch.ones(2)
+for src in (0, 1, 0):
+    dist.broadcast(x, src)   # op: root_positional
+    dist.broadcast(x, src=src, group=sub)   # op: root_keyword
+    dist.broadcast(x, group=sub, group_src=src)   # op: root_group_rank
+    dist.reduce(x, dst=src, op=dist.ReduceOp.MAX)   # op: reduce_root
+    dist.gather(x, [torch.empty(2), torch.empty(2)] if rank == src else None, dst=src)   # op: gather_root
+    dist.scatter(x, [torch.ones(2), torch.ones(2)] if rank == src else None, src=src)   # op: scatter_root
+
 torch.compiler._is_compiling_flag = True   # as torch.export sets it: no wrapper records this call
 dist.all_reduce(tensors[0])   # op: exporting
 torch.compiler._is_compiling_flag = False
@@ -44,4 +54,6 @@ dist.all_gather_object(objs, rank)   # op: object
 dist.all_reduce(tensors[0])   # op: last
 dist.destroy_process_group()
 plan = getattr(dist.all_reduce, "__colltrace_plan__", None)
-print("FASTPATH " + json.dumps({"hits": plan.hits if plan is not None else None}))
+rooted = [getattr(getattr(dist, n), "__colltrace_plan__", None) for n in ("broadcast", "reduce", "gather", "scatter")]
+print("FASTPATH " + json.dumps({"hits": plan.hits if plan is not None else None,
+                                "rooted": [p.hits if p is not None else None for p in rooted]}))
