@@ -13,7 +13,8 @@ wrappers alone, COLLTRACE_PURE=1), flightrec (PyTorch's Flight Recorder, TORCH_F
 and on torch >= 2.14 hooks (the original function: c10d's per-group hooks record it, colltrace's
 route for what no wrapper sees) and hooks-floor (untraced, with a builtin registered as both c10d
 hooks: what c10d itself spends on every collective of a group that has hooks, which a traced call
-pays too; traced minus hooks-floor is colltrace's own share).
+pays too; traced minus hooks-floor is colltrace's own share) and traced-nohooks (COLLTRACE_HOOKS=0:
+the wrappers alone, as on 2.13).
 Needs valgrind (apt-get install valgrind).
 """
 from __future__ import annotations
@@ -70,6 +71,8 @@ def count(mode: str, calls: int, tmp: str) -> int:
         env["TORCH_FR_BUFFER_SIZE"] = "2000"
     if mode == "traced-python":
         env["COLLTRACE_PURE"] = "1"
+    if mode == "traced-nohooks":
+        env["COLLTRACE_HOOKS"] = "0"
     # sys.executable, not a launcher script (pyenv's shims are shell scripts valgrind would trace instead).
     cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
            f"--callgrind-out-file={out_dir}/cg.%p", sys.executable, script, mode, str(calls)]
@@ -94,7 +97,7 @@ def modes() -> tuple[str, ...]:
 
     from colltrace.rank import hooks
 
-    return MODES + (("hooks", "hooks-floor") if hooks.supported(dist.ProcessGroup) else ())
+    return MODES + (("hooks", "hooks-floor", "traced-nohooks") if hooks.supported(dist.ProcessGroup) else ())
 
 
 def per_call(small: int, large: int, only=None) -> dict[str, float]:

@@ -48,7 +48,7 @@ rank = dist.get_rank()
 native = False
 if mode == "ab":   # torch >= 2.14: orig() goes through c10d's hooks, colltrace's native route
     from colltrace.rank import hooks, shim
-    native = hooks.supported(dist.group.WORLD)
+    native = hooks.supported(dist.group.WORLD) and os.environ.get("COLLTRACE_HOOKS") != "0"
 
 def route(name):   # untraced: our hooks off; traced (the wrapper) and hook (the native route): on
     if native:
@@ -119,6 +119,8 @@ def run_pair(mode: str, args, script: str, trace_dir: str) -> dict:
         env["TORCH_FR_BUFFER_SIZE"] = "2000"
     if mode in ("traced", "ab"):
         env.update(COLLTRACE_DIR=trace_dir, COLLTRACE_WATCHDOG="off")
+        if args.no_hooks:
+            env["COLLTRACE_HOOKS"] = "0"
     if mode == "traced":
         env["COLLTRACE"] = "1"
         env["COLLTRACE_WATCHDOG"] = "auto"   # the whole product: the watchdog runs beside the job
@@ -167,6 +169,8 @@ def main() -> int:
     ap.add_argument("--blocks", type=int, default=10, help="A/B blocks per round (in-process mode)")
     ap.add_argument("--no-instructions", action="store_true", help="skip the callgrind count")
     ap.add_argument("--ab-only", action="store_true", help="only the in-process A/B (a quick run)")
+    ap.add_argument("--no-hooks", action="store_true",
+                    help="trace with COLLTRACE_HOOKS=0 (torch >= 2.14: no c10d hooks, the wrappers alone)")
     args = ap.parse_args()
     res: dict = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -32,6 +32,7 @@ class Settings:
     dashboard_token: str = field(default="", repr=False)
     user_packages: tuple[str, ...] = ()   # installed packages that are the user's own code (COLLTRACE_USER_PACKAGES)
     pure: bool = False               # COLLTRACE_PURE=1: the Python wrappers only, not the compiled hot path
+    hooks: bool = True               # COLLTRACE_HOOKS=0: on torch >= 2.14, no c10d hooks (the wrappers only, as on 2.13)
     warnings: tuple[str, ...] = ()
 
 
@@ -144,6 +145,7 @@ def load(env=None) -> Settings:
         dashboard_token=env.get("COLLTRACE_DASHBOARD_TOKEN", "").strip(),
         user_packages=_names(env, "COLLTRACE_USER_PACKAGES", warnings),
         pure=env.get("COLLTRACE_PURE", "").strip() not in ("", "0"),
+        hooks=env.get("COLLTRACE_HOOKS", "").strip().lower() not in ("0", "off"),
         warnings=tuple(warnings),
     )
 

@@ -87,7 +87,8 @@ def attach(pg, shim) -> bool:
     """Register our pre/post hooks on `pg` once. The hooks hold the group weakly (a group holds
     its hooks: a strong reference would keep every destroyed group alive). Never raises."""
     try:
-        if not supported(pg):
+        settings = getattr(shim, "_state", {}).get("settings")
+        if not supported(pg) or (settings is not None and not settings.hooks):   # COLLTRACE_HOOKS=0
             return False
         with _lock:
             if pg in _attached:

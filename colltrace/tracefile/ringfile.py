@@ -127,7 +127,9 @@ class DefsWriter:
                 n = os.write(self._fd, view)
                 view = view[n:]
         except OSError as exc:
-            self.failed = exc
+            # kept without its traceback: its frames are the traced program's (a collective's
+            # arguments, the process group among them), which must not outlive their call
+            self.failed = exc.with_traceback(None)
             if self.on_error is not None:
                 self.on_error(exc)
             return False

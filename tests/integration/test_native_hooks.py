@@ -54,3 +54,18 @@ def test_a_failure_inside_the_hook_never_breaks_the_collective(gloo_job, points)
             recs = reader.load_traces(traced.dir)[r].all_records()
             first = [x for x in recs if user_line(x, SCRIPT) == markers(SCRIPT)["first"]]
             assert [x["op"] for x in first] == ["allreduce"]   # traced until the failure
+
+
+def test_colltrace_hooks_0_leaves_the_group_object_calls_to_the_counter(gloo_job):
+    # COLLTRACE_HOOKS=0 spares torch >= 2.14 the cost of c10d's hook dispatch on every collective
+    # (see README, Performance): what no wrapper sees is then counted, as on 2.13, and results
+    # are unchanged.
+    traced = gloo_job(SCRIPT, 2, args=["inject"], env={"COLLTRACE_WATCHDOG": "off", "COLLTRACE_HOOKS": "0"})
+    plain = gloo_job(SCRIPT, 2, args=["inject"], traced=False)
+    for r, errors in internal_errors_with_results_unchanged(traced, plain).items():
+        assert errors == [], traced.stderr(r)[-3000:]
+        recs = reader.load_traces(traced.dir)[r].all_records()
+        assert not [x for x in recs if user_line(x, SCRIPT) == markers(SCRIPT)["first"]]   # no hook recorded it
+        (barrier,) = [x for x in recs if x["op"] != "untraced"]
+        # numbered after what it did not see: two pg.allreduce, one pg.allgather, DDP's broadcast and all-reduce
+        assert barrier["op"] == "barrier" and barrier["seq"] >= 6, recs

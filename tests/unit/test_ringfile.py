@@ -1,7 +1,10 @@
 """The per-rank ring and definitions files, and reading them back without torch."""
 from __future__ import annotations
 
+import errno
+import gc
 import os
+import weakref
 
 import pytest
 
@@ -97,3 +100,27 @@ def test_python_and_compiled_writers_share_one_serial_and_lose_nothing(tmp_path,
     assert [s[8] for s in got] == list(range(1, 11))   # every slot, in the order written
     assert [s[0] for s in got] == [ENTER, COMPLETE] * 5
     assert next(w._serial) == 10
+
+
+def test_a_failed_definitions_write_keeps_nothing_of_the_traced_program_alive(tmp_path, monkeypatch):
+    # The write that hits a full disk runs inside a traced collective: its callers' frames hold
+    # the program's objects (the process group). A group kept alive past destroy_process_group
+    # makes gloo abort at interpreter exit.
+    def full_disk(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    w = ringfile.DefsWriter(str(tmp_path / "defs.jsonl"), 1 << 20, on_error=lambda exc: None)
+    monkeypatch.setattr(ringfile.os, "write", full_disk)
+
+    class Group:
+        pass
+
+    def collective(group):   # the traced program's frame, holding its group
+        return w.write({"k": "sig", "id": 1})
+
+    group = Group()
+    alive = weakref.ref(group)
+    assert collective(group) is False and isinstance(w.failed, OSError)
+    del group
+    gc.collect()
+    assert alive() is None
