@@ -103,9 +103,9 @@ def plan(orig, slow, learn, shim_globals: dict, world, non_member, params, tenso
 
         p = inspect.signature(orig).parameters.get("op")
         op_default = None if p is None or p.default is inspect.Parameter.empty else p.default
-    group_root = None if root_param is None else "group_" + root_param
+    group_root = f"group_{root_param}" if root_param and f"group_{root_param}" in params else None
     return _fastpath.Plan(orig, slow, learn, shim_globals, world, non_member, pos(tensor_param or ""), tensor_param,
                           pos("group"), pos("op") if reducing else -1, op_default, pos("async_op"),
                           tensor_param is not None, reducing, one_step,
                           pos(root_param) if root_param else -1, root_param,
-                          pos(group_root) if group_root in params else -1, group_root if group_root in params else None)
+                          pos(group_root) if group_root else -1, group_root)

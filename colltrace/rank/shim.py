@@ -197,6 +197,12 @@ def _to_global(gs, group_rank):
         return -1
 
 
+def _given_root(gs, r, gr):
+    """A rooted op's root as the record has it: src/dst as passed, else group_src/group_dst as a
+    global rank, else -1."""
+    return r if r is not None else _to_global(gs, gr) if gr is not None else -1
+
+
 def _make_c10d_wrapper(name, orig):
     backend_op, tensor_param, reducing, kind = C10D_OPS[name]
     sig = inspect.signature(orig)
@@ -245,10 +251,7 @@ def _make_c10d_wrapper(name, orig):
                 root = peer = -1
                 pair = None
                 if root_name is not None:
-                    r = get_root(args, kwargs)
-                    if r is None:
-                        gr = get_group_root(args, kwargs)
-                        r = _to_global(gs, gr) if gr is not None else -1
+                    r = _given_root(gs, get_root(args, kwargs), get_group_root(args, kwargs))
                     if is_p2p:
                         peer = r
                         me = rec.rank
@@ -321,7 +324,7 @@ def _make_c10d_wrapper(name, orig):
             given = r if r is not None else gr
             if given is not None and not isinstance(given, int):
                 return None
-            root = r if r is not None else _to_global(gs, gr) if gr is not None else -1
+            root = _given_root(gs, r, gr)
         shapes, dtypes, cuda = _describe_tensors(tensor)
         bop = BACKEND_OVERRIDES.get((gs.backend, backend_op), backend_op)
         sig = rec.sig_id((op_name, bop, gs.id, shapes, dtypes, _redop_name(op), root, -1, is_async))
