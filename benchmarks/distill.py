@@ -1,7 +1,7 @@
 """The shipped distillation trainer under colltrace: what each switch's finding says, how soon,
 and what tracing costs a training step.
 
-    python benchmarks/distill.py [--bugs all] [--rounds 5] [--steps 60]
+    python benchmarks/distill.py [--bugs all] [--rounds 5] [--steps 60] [--no-hooks]
 
 1. Every switch of examples/distill (4 gloo ranks under torchrun, default process-group timeouts,
    COLLTRACE_ON_HANG=abort, COLLTRACE_STALL_S=10; COLLTRACE_DIGEST=1 for loader_before_pg): the
@@ -78,6 +78,8 @@ def main() -> int:
     ap.add_argument("--bugs", default="all", help="comma-separated switches, or all")
     ap.add_argument("--rounds", type=int, default=5, help="untraced/traced pairs for the step time (0: skip)")
     ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--no-hooks", action="store_true",
+                    help="trace the step-time runs with COLLTRACE_HOOKS=0 (torch >= 2.14: no c10d hooks, the wrappers alone)")
     args = ap.parse_args()
     names = list(bugs.SWITCHES) if args.bugs == "all" else [b for b in args.bugs.split(",") if b]
     rows = []
@@ -94,6 +96,8 @@ def main() -> int:
                 env = base_env(tmp)
                 if mode == "traced":
                     env.update(COLLTRACE="1", COLLTRACE_DIR=tempfile.mkdtemp(dir=tmp))
+                    if args.no_hooks:
+                        env["COLLTRACE_HOOKS"] = "0"
                 p = torchrun(["--steps", str(args.steps), "--ckpt-every", "0"], env)
                 if p.returncode != 0:
                     raise RuntimeError(f"{mode} run failed: {p.stderr[-2000:]}")

@@ -10,7 +10,9 @@ Two gloo ranks on this machine, measured three ways:
    and one metrics all_reduce as trainers do). Same processes, same sockets, same moment:
    the ratio is the wrapper's cost and nothing else. On torch >= 2.14 a third route, the
    original function with colltrace's c10d hooks on (the native route), and "untraced" has
-   them off.
+   them off; and a fourth, "floor": untraced with a builtin registered as both c10d hooks,
+   what c10d itself spends on a group that has any hooks, so that traced/floor is colltrace's
+   own share in wall clock too.
 2. Separate processes: untraced, traced (COLLTRACE=1 path, everything on), PyTorch's Flight
    Recorder (TORCH_FR_BUFFER_SIZE=2000) and TORCH_DISTRIBUTED_DEBUG=DETAIL, alternating round
    by round so drift hits all alike. Noisier (each pair of processes lands differently on 2
@@ -50,9 +52,16 @@ if mode == "ab":   # torch >= 2.14: orig() goes through c10d's hooks, colltrace'
     from colltrace.rank import hooks, shim
     native = hooks.supported(dist.group.WORLD) and os.environ.get("COLLTRACE_HOOKS") != "0"
 
-def route(name):   # untraced: our hooks off; traced (the wrapper) and hook (the native route): on
+FLOOR_ID = 7   # c10d's toll for any hooks: a builtin registered as both, under an id of its own
+
+def route(name):   # untraced and floor: our hooks off; traced (the wrapper) and hook (the native route): on
     if native:
-        hooks.detach_all() if name == "untraced" else hooks.attach(dist.group.WORLD, shim)
+        pg = dist.group.WORLD
+        hooks.detach_all() if name in ("untraced", "floor") else hooks.attach(pg, shim)
+        if name == "floor":
+            pg.register_pre_hook(FLOOR_ID, id); pg.register_post_hook(FLOOR_ID, id)
+        else:
+            pg.unregister_pre_hook(FLOOR_ID); pg.unregister_post_hook(FLOOR_ID)
 wrapped = dist.all_reduce
 orig = getattr(wrapped, "__colltrace_original__", wrapped)
 x = torch.ones(1)
@@ -83,7 +92,7 @@ if mode != "detail":
     step_block(orig, 10)
 out = {}
 if mode == "ab":
-    routes = [("untraced", orig), ("traced", wrapped)] + ([("hook", orig)] if native else [])
+    routes = [("untraced", orig), ("traced", wrapped)] + ([("hook", orig), ("floor", orig)] if native else [])
     res = {k: {name: [] for name, _ in routes} for k in ("allreduce", "ddp_step")}
     for b in range(blocks):
         order = routes[b % len(routes):] + routes[:b % len(routes)]
@@ -195,6 +204,11 @@ def main() -> int:
                med[("ab", "allreduce", "untraced")], "collective"))
     print(line("in-process A/B, DDP step traced", med[("ab", "ddp_step", "traced")],
                med[("ab", "ddp_step", "untraced")], "step"))
+    if ("ab", "allreduce", "floor") in med:   # torch >= 2.14: what c10d spends on any hooks, and ours beyond it
+        print(line("in-process A/B, all_reduce, c10d hook floor", med[("ab", "allreduce", "floor")],
+                   med[("ab", "allreduce", "untraced")], "collective"))
+        print(line("in-process A/B, all_reduce traced over floor", med[("ab", "allreduce", "traced")],
+                   med[("ab", "allreduce", "floor")], "collective").replace("untraced", "floor   "))
     if ("ab", "allreduce", "hook") in med:   # torch >= 2.14
         print(line("in-process A/B, all_reduce via hook", med[("ab", "allreduce", "hook")],
                    med[("ab", "allreduce", "untraced")], "collective"))
