@@ -1,6 +1,6 @@
 """Instructions per traced collective, counted by valgrind's callgrind: a deterministic figure.
 
-    python benchmarks/instructions.py [--small 100] [--large 500] [--modes untraced hooks]
+    python benchmarks/instructions.py [--small 100] [--large 500] [--modes untraced hooks] [--step]
 
 Wall-clock ratios on a shared 2-core machine move by ±5 % from run to run; an instruction count
 does not. One process, a world of 1 (gloo, HashStore, no watchdog), a loop of 1-element
@@ -15,6 +15,9 @@ route for what no wrapper sees) and hooks-floor (untraced, with a builtin regist
 hooks: what c10d itself spends on every collective of a group that has hooks, which a traced call
 pays too; traced minus hooks-floor is colltrace's own share) and traced-nohooks (COLLTRACE_HOOKS=0:
 the wrappers alone, as on 2.13).
+--step counts a whole DDP training step instead (world of 1: DDP's bucket all-reduce, the hook route
+on torch >= 2.14, and one metrics all_reduce through the wrapper): the share of a training step that
+tracing costs, without a 2-core machine's scheduling noise.
 Needs valgrind (apt-get install valgrind).
 """
 from __future__ import annotations
@@ -29,7 +32,7 @@ import tempfile
 
 LOOP = r"""
 import os, subprocess, sys
-mode, n = sys.argv[1], int(sys.argv[2])
+mode, n, workload = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 import torch, torch.distributed as dist
 if mode.startswith("traced") or mode == "hooks":
     import colltrace; colltrace.install()
@@ -37,12 +40,20 @@ torch.manual_seed(0)
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 x = torch.ones(1)
 f = dist.all_reduce
+if workload == "step":   # a DDP training step (the MLP of overhead.py) and one metrics all_reduce, as trainers do
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    data = torch.randn(32, 256)
+    def f(_):
+        opt.zero_grad(); loss = ddp(data).pow(2).mean(); loss.backward(); opt.step()
+        dist.all_reduce(loss.detach())
 if mode == "hooks-floor":   # torch >= 2.14: the cheapest hooks there are (a builtin), what c10d spends to call any
     dist.group.WORLD.register_pre_hook(1, id)
     dist.group.WORLD.register_post_hook(1, id)
 if mode == "hooks":   # torch >= 2.14: the original function, recorded by colltrace's c10d hooks alone
     f = f.__colltrace_original__
-for _ in range(50):      # warm: every stack and signature interned, every cache filled
+for _ in range(50 if workload == "allreduce" else 5):   # warm: every stack and signature interned, every cache filled
     f(x)
 def toggle(on):
     subprocess.run(["callgrind_control", "-i", "on" if on else "off", str(os.getpid())],
@@ -51,14 +62,16 @@ toggle(True)
 for _ in range(n):
     f(x)
 toggle(False)
+if workload == "step":   # a group that outlives destroy_process_group can make gloo abort at exit
+    del ddp, opt, model, f
 dist.destroy_process_group()
 """
 
 MODES = ("untraced", "traced", "traced-python", "flightrec")
 
 
-def count(mode: str, calls: int, tmp: str) -> int:
-    """Instructions callgrind counted inside the loop of `calls` calls."""
+def count(mode: str, calls: int, tmp: str, workload: str = "allreduce") -> int:
+    """Instructions callgrind counted inside the loop of `calls` calls (or training steps)."""
     script = os.path.join(tmp, "loop.py")
     if not os.path.exists(script):
         with open(script, "w") as f:
@@ -74,13 +87,15 @@ def count(mode: str, calls: int, tmp: str) -> int:
     if mode == "traced-nohooks":
         env["COLLTRACE_HOOKS"] = "0"
     # sys.executable, not a launcher script (pyenv's shims are shell scripts valgrind would trace instead).
-    cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
-           f"--callgrind-out-file={out_dir}/cg.%p", sys.executable, script, mode, str(calls)]
+    # A step is counted on the main thread alone: colltrace's poller wakes by the clock, not by the
+    # step, and under valgrind's ~50x slowdown it would be counted ~50x too often per step.
+    cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--separate-threads={'yes' if workload == 'step' else 'no'}",
+           f"--callgrind-out-file={out_dir}/cg.%p", sys.executable, script, mode, str(calls), workload]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"{mode} x{calls} failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
     total = 0
-    for path in glob.glob(os.path.join(out_dir, "cg.*")):
+    for path in glob.glob(os.path.join(out_dir, "cg.*-01" if workload == "step" else "cg.*")):
         with open(path) as f:
             for line in f:
                 if line.startswith("totals:"):
@@ -100,8 +115,9 @@ def modes() -> tuple[str, ...]:
     return MODES + (("hooks", "hooks-floor", "traced-nohooks") if hooks.supported(dist.ProcessGroup) else ())
 
 
-def per_call(small: int, large: int, only=None) -> dict[str, float]:
-    """{mode: instructions per call}, measured as the slope between `small` and `large` calls."""
+def per_call(small: int, large: int, only=None, workload: str = "allreduce") -> dict[str, float]:
+    """{mode: instructions per call}, measured as the slope between `small` and `large` calls
+    (workload "step": per DDP training step)."""
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise RuntimeError("valgrind is not installed (apt-get install valgrind)")
     out = {}
@@ -109,20 +125,25 @@ def per_call(small: int, large: int, only=None) -> dict[str, float]:
         for mode in modes():
             if only and mode not in only:
                 continue
-            a, b = count(mode, small, tmp), count(mode, large, tmp)
+            if workload == "step" and mode == "hooks":
+                continue   # the original all_reduce recorded by hooks: a per-call figure, not a step's
+            a, b = count(mode, small, tmp, workload), count(mode, large, tmp, workload)
             out[mode] = (b - a) / (large - small)
     return out
 
 
-def report(figures: dict[str, float]) -> str:
+def report(figures: dict[str, float], workload: str = "allreduce") -> str:
     base = figures["untraced"]
-    lines = ["instructions per 1-element all_reduce (callgrind, world of 1, gloo):"]
+    what = ("1-element all_reduce" if workload == "allreduce"
+            else "DDP training step (256-512-256 MLP, batch 32, SGD, one metrics all_reduce), main thread")
+    lines = [f"instructions per {what} (callgrind, world of 1, gloo):"]
     for mode in figures:
         v = figures[mode]
-        lines.append(f"  {mode:<13} {v:10,.0f}   ({v / base:5.2f}x, {v - base:+10,.0f} beyond untraced)")
+        lines.append(f"  {mode:<13} {v:12,.0f}   ({v / base:6.3f}x, {v - base:+10,.0f} beyond untraced)")
     if "traced" in figures and "hooks-floor" in figures:
         floor = figures["hooks-floor"] - base
-        lines.append(f"  of the traced call's {figures['traced'] - base:+,.0f}: c10d's dispatch of its two hooks "
+        lines.append(f"  of the traced {'call' if workload == 'allreduce' else 'step'}'s {figures['traced'] - base:+,.0f}: "
+                     f"c10d's dispatch of its two hooks "
                      f"{floor:+,.0f}, colltrace's own {figures['traced'] - figures['hooks-floor']:+,.0f}")
     return "\n".join(lines)
 
@@ -132,17 +153,23 @@ def main() -> int:
     ap.add_argument("--small", type=int, default=100, help="calls in the short run")
     ap.add_argument("--large", type=int, default=500, help="calls in the long run")
     ap.add_argument("--modes", nargs="+", metavar="MODE", help="run only these modes (untraced is the baseline: keep it)")
+    ap.add_argument("--step", action="store_true",
+                    help="count a DDP training step instead of one all_reduce (--small/--large are then steps; "
+                         "defaults 5 and 20)")
     args = ap.parse_args()
+    workload = "step" if args.step else "allreduce"
+    if args.step and args.small == 100 and args.large == 500:
+        args.small, args.large = 5, 20
     if args.modes and "untraced" not in args.modes:
         ap.error("--modes needs untraced (the baseline)")
     if not 0 < args.small < args.large:
         ap.error("need 0 < --small < --large")
     try:
-        figures = per_call(args.small, args.large, args.modes)
+        figures = per_call(args.small, args.large, args.modes, workload)
     except RuntimeError as exc:
         print(f"instructions: {exc}", file=sys.stderr)
         return 2
-    print(report(figures))
+    print(report(figures, workload))
     return 0
 
 
