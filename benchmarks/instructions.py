@@ -150,16 +150,16 @@ def report(figures: dict[str, float], workload: str = "allreduce") -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--small", type=int, default=100, help="calls in the short run")
-    ap.add_argument("--large", type=int, default=500, help="calls in the long run")
+    ap.add_argument("--small", type=int, help="calls in the short run (default 100; with --step, steps: 5)")
+    ap.add_argument("--large", type=int, help="calls in the long run (default 500; with --step, steps: 20)")
     ap.add_argument("--modes", nargs="+", metavar="MODE", help="run only these modes (untraced is the baseline: keep it)")
-    ap.add_argument("--step", action="store_true",
-                    help="count a DDP training step instead of one all_reduce (--small/--large are then steps; "
-                         "defaults 5 and 20)")
+    ap.add_argument("--step", action="store_true", help="count a DDP training step instead of one all_reduce")
     args = ap.parse_args()
     workload = "step" if args.step else "allreduce"
-    if args.step and args.small == 100 and args.large == 500:
-        args.small, args.large = 5, 20
+    if args.small is None:
+        args.small = 5 if args.step else 100
+    if args.large is None:
+        args.large = 20 if args.step else 500
     if args.modes and "untraced" not in args.modes:
         ap.error("--modes needs untraced (the baseline)")
     if not 0 < args.small < args.large:

@@ -165,8 +165,8 @@ def _stop_watchdogs(directory: str) -> None:
                 p.kill()
 
 
-def line(label: str, med: float, base: float, unit: str) -> str:
-    return (f"{label:<42} {med / base:6.3f}   ({med:9.1f} us vs {base:9.1f} us untraced; "
+def line(label: str, med: float, base: float, unit: str, base_name: str = "untraced") -> str:
+    return (f"{label:<42} {med / base:6.3f}   ({med:9.1f} us vs {base:9.1f} us {base_name}; "
             f"added {med - base:+8.1f} us per {unit})")
 
 
@@ -208,7 +208,7 @@ def main() -> int:
         print(line("in-process A/B, all_reduce, c10d hook floor", med[("ab", "allreduce", "floor")],
                    med[("ab", "allreduce", "untraced")], "collective"))
         print(line("in-process A/B, all_reduce traced over floor", med[("ab", "allreduce", "traced")],
-                   med[("ab", "allreduce", "floor")], "collective").replace("untraced", "floor   "))
+                   med[("ab", "allreduce", "floor")], "collective", base_name="floor"))
     if ("ab", "allreduce", "hook") in med:   # torch >= 2.14
         print(line("in-process A/B, all_reduce via hook", med[("ab", "allreduce", "hook")],
                    med[("ab", "allreduce", "untraced")], "collective"))
