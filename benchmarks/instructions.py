@@ -14,7 +14,9 @@ and on torch >= 2.14 hooks (the original function: c10d's per-group hooks record
 route for what no wrapper sees) and hooks-floor (untraced, with a builtin registered as both c10d
 hooks: what c10d itself spends on every collective of a group that has hooks, which a traced call
 pays too; traced minus hooks-floor is colltrace's own share) and traced-nohooks (COLLTRACE_HOOKS=0:
-the wrappers alone, as on 2.13).
+the wrappers alone, as on 2.13); by name only, hooks-floor-cxx (torch >= 2.14; it first builds a
+torch C++ extension, so it needs a compiler and ninja): the same floor for no-op hooks registered
+from C++, which c10d calls without taking the GIL or making Python argument objects.
 --step counts a whole DDP training step instead (world of 1: DDP's bucket all-reduce, the hook route
 on torch >= 2.14, and one metrics all_reduce through the wrapper): the share of a training step that
 tracing costs, without a 2-core machine's scheduling noise.
@@ -51,6 +53,8 @@ if workload == "step":   # a DDP training step (the MLP of overhead.py) and one 
 if mode == "hooks-floor":   # torch >= 2.14: the cheapest hooks there are (a builtin), what c10d spends to call any
     dist.group.WORLD.register_pre_hook(1, id)
     dist.group.WORLD.register_post_hook(1, id)
+if mode == "hooks-floor-cxx":   # the same floor for hooks written in C++ (no GIL, no Python argument objects)
+    sys.path.insert(0, os.environ["CT_CXX_DIR"]); import ct_hook_floor; ct_hook_floor.attach(dist.group.WORLD)
 if mode == "hooks":   # torch >= 2.14: the original function, recorded by colltrace's c10d hooks alone
     f = f.__colltrace_original__
 for _ in range(50 if workload == "allreduce" else 5):   # warm: every stack and signature interned, every cache filled
@@ -68,6 +72,31 @@ dist.destroy_process_group()
 """
 
 MODES = ("untraced", "traced", "traced-python", "flightrec")
+# Asked for by name only (--modes): it compiles a torch C++ extension first (a compiler and ninja).
+OPT_IN = ("hooks-floor-cxx",)
+
+# No-op pre/post hooks registered from C++ (torch >= 2.14's ProcessGroup::registerPreHook): what
+# c10d's hook dispatch costs when the hooks are not Python callables, beside hooks-floor's builtin.
+CXX_HOOKS = r"""
+#include <torch/extension.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+static thread_local long depth = 1;   // as a gate's test of colltrace's thread-local depth
+void attach(const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {
+  pg->registerPreHook(7, [](const c10d::PreHookArgs&) { if (depth) return; });
+  pg->registerPostHook(7, [](const c10d::PostHookArgs&) { if (depth) return; });
+}
+"""
+
+
+def cxx_hooks(tmp: str) -> str:
+    """The folder of the built no-op C++ hooks module (ct_hook_floor), built once per run."""
+    out = os.path.join(tmp, "cxx")
+    if not os.path.isdir(out):
+        os.makedirs(out)
+        from torch.utils.cpp_extension import load_inline
+
+        load_inline("ct_hook_floor", cpp_sources=[CXX_HOOKS], functions=["attach"], build_directory=out)
+    return out
 
 
 def count(mode: str, calls: int, tmp: str, workload: str = "allreduce") -> int:
@@ -86,6 +115,8 @@ def count(mode: str, calls: int, tmp: str, workload: str = "allreduce") -> int:
         env["COLLTRACE_PURE"] = "1"
     if mode == "traced-nohooks":
         env["COLLTRACE_HOOKS"] = "0"
+    if mode == "hooks-floor-cxx":
+        env["CT_CXX_DIR"] = cxx_hooks(tmp)
     # sys.executable, not a launcher script (pyenv's shims are shell scripts valgrind would trace instead).
     # A step is counted on the main thread alone: colltrace's poller wakes by the clock, not by the
     # step, and under valgrind's ~50x slowdown it would be counted ~50x too often per step.
@@ -112,7 +143,7 @@ def modes() -> tuple[str, ...]:
 
     from colltrace.rank import hooks
 
-    return MODES + (("hooks", "hooks-floor", "traced-nohooks") if hooks.supported(dist.ProcessGroup) else ())
+    return MODES + (("hooks", "hooks-floor", "traced-nohooks") + OPT_IN if hooks.supported(dist.ProcessGroup) else ())
 
 
 def per_call(small: int, large: int, only=None, workload: str = "allreduce") -> dict[str, float]:
@@ -123,7 +154,7 @@ def per_call(small: int, large: int, only=None, workload: str = "allreduce") -> 
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for mode in modes():
-            if only and mode not in only:
+            if (only and mode not in only) or (mode in OPT_IN and not (only and mode in only)):
                 continue
             if workload == "step" and mode == "hooks":
                 continue   # the original all_reduce recorded by hooks: a per-call figure, not a step's
@@ -162,6 +193,9 @@ def main() -> int:
         args.large = 20 if args.step else 500
     if args.modes and "untraced" not in args.modes:
         ap.error("--modes needs untraced (the baseline)")
+    unknown = sorted(set(args.modes or ()) - set(MODES + OPT_IN + ("hooks", "hooks-floor", "traced-nohooks")))
+    if unknown:
+        ap.error(f"unknown mode(s): {', '.join(unknown)}")
     if not 0 < args.small < args.large:
         ap.error("need 0 < --small < --large")
     try:

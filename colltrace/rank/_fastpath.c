@@ -12,6 +12,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>
+#include <structmember.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -71,12 +72,14 @@ typedef struct {
     PyObject *rec;         /* the recorder these belong to (a strong reference) */
     PyObject *local, *stacks, *threads, *rec_ids, *serial, *mm;
     PyObject *compiler;    /* torch.compiler's globals: _is_compiling_flag (set while torch.export traces) */
+    PyObject *rdict;       /* the recorder's instance dict, where its `disabled` is read (NULL: read it as an attribute) */
     long long slots, depth;
     unsigned long m_ident;  /* the last thread and its id in the trace (0: none yet) */
     long long m_tid;
     StackEntry stack_cache[STACK_CACHE];
 } Parts;
-#define PARTS_OBJECTS(X) X(r.rec) X(r.local) X(r.stacks) X(r.threads) X(r.rec_ids) X(r.serial) X(r.mm) X(r.compiler)
+#define PARTS_OBJECTS(X) X(r.rec) X(r.local) X(r.stacks) X(r.threads) X(r.rec_ids) X(r.serial) X(r.mm) X(r.compiler) \
+    X(r.rdict)
 
 typedef struct {
     PyObject_HEAD
@@ -139,6 +142,103 @@ static int set_long_attr(PyObject *obj, PyObject *name, long long value)
     int rc = PyObject_SetAttr(obj, name, v);
     Py_DECREF(v);
     return rc;
+}
+
+/* A __slots__ attribute read and written where the instance keeps it (recorder.GroupState's
+ * last_after and p2p_offset, on every call): the member's offset, learned once per type from its
+ * descriptor. PyObject_GetAttr/SetAttr where the attribute is anything else (a property, a
+ * subclass's __dict__ entry) or the slot is empty. */
+typedef struct {
+    PyTypeObject *type;   /* the type the offset was learned for (a strong reference; NULL: none yet) */
+    Py_ssize_t offset;    /* > 0: a writable object member's offset; 0: the generic route */
+} SlotAttr;
+
+static SlotAttr sa_last_after, sa_p2p_offset;
+
+/* what `tp` says `name` is (a new reference, or NULL with no error): a descriptor, for the caches
+ * below, which then hold `tp` (*held) as the type they were learned for */
+static PyObject *learn_type(PyTypeObject **held, PyTypeObject *tp, PyObject *name)
+{
+    PyObject *d = PyObject_GetAttr((PyObject *)tp, name);
+    PyErr_Clear();
+    Py_INCREF(tp);
+    Py_XSETREF(*held, tp);
+    return d;
+}
+
+static PyObject **slot_ptr(SlotAttr *sa, PyObject *obj, PyObject *name)
+{   /* the member's place in `obj`, or NULL: take the generic route */
+    PyTypeObject *tp = Py_TYPE(obj);
+    if (tp != sa->type) {
+        Py_ssize_t off = 0;
+        PyObject *d = learn_type(&sa->type, tp, name);   /* a member read on its type: the descriptor */
+        if (d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+            PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+            if (m->type == T_OBJECT_EX && !(m->flags & READONLY) && m->offset >= (Py_ssize_t)sizeof(PyObject)
+                    && m->offset + (Py_ssize_t)sizeof(PyObject *) <= tp->tp_basicsize)
+                off = m->offset;
+        }
+        Py_XDECREF(d);
+        sa->offset = off;
+    }
+    return sa->offset > 0 ? (PyObject **)((char *)obj + sa->offset) : NULL;
+}
+
+/* A tensor's shape and dtype, on every call: the getter its type's descriptor holds, called
+ * directly where that descriptor is a C getset (torch.Tensor's, which handles __torch_function__
+ * subclasses itself) and the type has no attribute hook of its own; else PyObject_GetAttr (a
+ * subclass's property). Learned once per type. */
+typedef struct {
+    PyTypeObject *type;   /* the type the getter was learned for (a strong reference; NULL: none yet) */
+    getter get;           /* NULL: the generic route */
+    void *closure;
+} GetterAttr;
+
+static GetterAttr ga_shape, ga_dtype;
+
+static PyObject *getter_get(GetterAttr *ga, PyObject *obj, PyObject *name)
+{   /* a new reference, as PyObject_GetAttr */
+    PyTypeObject *tp = Py_TYPE(obj);
+    if (tp != ga->type) {
+        getter get = NULL;
+        void *closure = NULL;
+        PyObject *d = learn_type(&ga->type, tp, name);
+        if (d != NULL && tp->tp_getattro == PyObject_GenericGetAttr && Py_IS_TYPE(d, &PyGetSetDescr_Type)
+                && PyType_IsSubtype(tp, PyDescr_TYPE(d))) {
+            PyGetSetDef *def = ((PyGetSetDescrObject *)d)->d_getset;
+            get = def->get;
+            closure = def->closure;
+        }
+        Py_XDECREF(d);
+        ga->get = get;
+        ga->closure = closure;
+    }
+    return ga->get != NULL ? ga->get(obj, ga->closure) : PyObject_GetAttr(obj, name);
+}
+
+static PyObject *slot_get(SlotAttr *sa, PyObject *obj, PyObject *name)
+{   /* a new reference, as PyObject_GetAttr */
+    PyObject **at = slot_ptr(sa, obj, name);
+    if (at != NULL && *at != NULL)
+        return Py_NewRef(*at);
+    return PyObject_GetAttr(obj, name);
+}
+
+static int slot_long(SlotAttr *sa, PyObject *obj, PyObject *name, long long *out)
+{
+    return as_long(slot_get(sa, obj, name), out);
+}
+
+static int slot_set_long(SlotAttr *sa, PyObject *obj, PyObject *name, long long value)
+{
+    PyObject **at = slot_ptr(sa, obj, name);
+    if (at == NULL)
+        return set_long_attr(obj, name, value);
+    PyObject *v = PyLong_FromLongLong(value);
+    if (v == NULL)
+        return -1;
+    Py_XSETREF(*at, v);   /* as a member's setter does */
+    return 0;
 }
 
 /* The ring's serial and the record ids, one counter each that the Python writers (next(c)) and this
@@ -374,6 +474,44 @@ static void memo_clear(Plan *p)
     stack_cache_clear(&p->r);
 }
 
+/* obj's __dict__ (a new reference) where an attribute `name` is read from it alone: its type defines
+ * no such name (no property, slot or class default that a lookup would meet first); else NULL. */
+static PyObject *instance_dict(PyObject *obj, PyObject *name)
+{
+    PyObject *on_type = PyObject_GetAttr((PyObject *)Py_TYPE(obj), name);
+    if (on_type != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        Py_XDECREF(on_type);
+        PyErr_Clear();
+        return NULL;
+    }
+    PyErr_Clear();
+    if (Py_TYPE(obj)->tp_getattro != PyObject_GenericGetAttr)
+        return NULL;   /* a __getattr__/__getattribute__ of its own */
+    PyObject *d = PyObject_GenericGetDict(obj, NULL);
+    if (d == NULL || !PyDict_CheckExact(d)) {
+        Py_XDECREF(d);
+        PyErr_Clear();
+        return NULL;
+    }
+    return d;
+}
+
+static int truthy_attr(PyObject *obj, PyObject *name);
+
+/* rec.disabled: 1, 0, or -1 with an error set; from the instance dict where `parts` are this recorder's */
+static int rec_disabled(Parts *r, PyObject *rec)
+{
+    if (r->rec == rec && r->rdict != NULL) {
+        PyObject *v = PyDict_GetItemWithError(r->rdict, s_disabled);   /* borrowed */
+        if (v == Py_False)
+            return 0;
+        if (v == Py_True)
+            return 1;
+        PyErr_Clear();
+    }
+    return truthy_attr(rec, s_disabled);
+}
+
 /* The recorder's parts, taken once per recorder (a new one after a fork or a reinstall). */
 static int adopt_parts(Parts *r, PyObject *rec)
 {
@@ -405,6 +543,7 @@ static int adopt_parts(Parts *r, PyObject *rec)
         Py_XINCREF(cdict);
         Py_XSETREF(r->compiler, cdict);
         Py_XDECREF(compiler);
+        Py_XSETREF(r->rdict, instance_dict(rec, s_disabled));
         PyErr_Clear();
         Py_INCREF(rec);
         Py_XSETREF(r->rec, rec);
@@ -607,7 +746,7 @@ static PyObject *gate_recorder(Gate *g, int *quiet)
         *quiet = 1;
         return NULL;
     }
-    int t = truthy_attr(rec, s_disabled);
+    int t = rec_disabled(&g->r, rec);
     if (t != 0) {
         *quiet = t > 0;
         return NULL;
@@ -656,7 +795,7 @@ static PyObject *hook_pre(Gate *g, PyObject *a)
     }
     if (nin == 1) {
         PyObject *tensor = PyList_GET_ITEM(ins, 0);
-        if ((shape = PyObject_GetAttr(tensor, s_shape)) == NULL || (dtype = PyObject_GetAttr(tensor, s_dtype)) == NULL)
+        if ((shape = getter_get(&ga_shape, tensor, s_shape)) == NULL || (dtype = getter_get(&ga_dtype, tensor, s_dtype)) == NULL)
             goto out;
     }
     if ((av = PyObject_GetAttr(a, s_async_op)) == NULL)
@@ -717,7 +856,8 @@ static PyObject *hook_pre(Gate *g, PyObject *a)
         goto out;
 
     /* everything the slots need, read before the first is written */
-    if (long_attr(gs, s_p2p_offset, &p2p_offset) < 0 || (last_obj = PyObject_GetAttr(gs, s_last_after)) == NULL)
+    if (slot_long(&sa_p2p_offset, gs, s_p2p_offset, &p2p_offset) < 0
+            || (last_obj = slot_get(&sa_last_after, gs, s_last_after)) == NULL)
         goto out;
     if (last_obj != Py_None && (last = PyLong_AsLongLong(last_obj)) == -1 && PyErr_Occurred())
         goto out;
@@ -805,7 +945,7 @@ static PyObject *hook_post(Gate *g, PyObject *a)
         else if (read_seq(o.seq_fn, pg, &after) < 0)
             goto fail;
     }
-    if (set_long_attr(o.gs, s_last_after, after) < 0)
+    if (slot_set_long(&sa_last_after, o.gs, s_last_after, after) < 0)
         goto fail;
     long long steps = after - o.before;
     Slot slot = {KIND_RETURN, (uint8_t)(o.flags | (work == Py_None ? F_DONE : 0)), 0, (uint32_t)o.gid, 0, 0, 0, 0, o.seq,
@@ -947,7 +1087,7 @@ static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
         route = ORIG;
         goto out;
     }
-    int t = truthy_attr(rec, s_disabled);
+    int t = rec_disabled(&p->r, rec);
     if (t != 0) {
         route = t < 0 ? SLOW : ORIG;
         goto out;
@@ -994,7 +1134,7 @@ static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
         tensor = arg(args, kwargs, p->tensor_pos, p->tensor_name, Py_None);
         if (tensor == NULL || tensor == Py_None || PyList_Check(tensor) || PyTuple_Check(tensor))
             goto out;
-        if ((shape = PyObject_GetAttr(tensor, s_shape)) == NULL || (dtype = PyObject_GetAttr(tensor, s_dtype)) == NULL)
+        if ((shape = getter_get(&ga_shape, tensor, s_shape)) == NULL || (dtype = getter_get(&ga_dtype, tensor, s_dtype)) == NULL)
             goto out;
     }
     PyObject *op = p->reducing ? arg(args, kwargs, p->op_pos, s_op, p->op_default) : Py_None;
@@ -1070,7 +1210,7 @@ learned:
 
     /* everything the slots need, read before the first is written */
     long long gid = PyLong_AsLongLong(PyTuple_GET_ITEM(known, 5)), p2p_offset, before, last = -1, tid, sid, rec_id;
-    if ((gid == -1 && PyErr_Occurred()) || long_attr(gs, s_p2p_offset, &p2p_offset) < 0)
+    if ((gid == -1 && PyErr_Occurred()) || slot_long(&sa_p2p_offset, gs, s_p2p_offset, &p2p_offset) < 0)
         goto out;
     PyFrameObject *here = PyEval_GetFrame();   /* the Python wrapper's frame; its caller is the user's */
     PyFrameObject *caller = here ? PyFrame_GetBack(here) : NULL;
@@ -1078,7 +1218,7 @@ learned:
     Py_XDECREF(caller);
     if (sid < 0 || (tid = thread_id(&p->r, rec)) < 0)
         goto out;
-    if ((last_obj = PyObject_GetAttr(gs, s_last_after)) == NULL)
+    if ((last_obj = slot_get(&sa_last_after, gs, s_last_after)) == NULL)
         goto out;
     if (last_obj != Py_None && (last = PyLong_AsLongLong(last_obj)) == -1 && PyErr_Occurred())
         goto out;
@@ -1126,7 +1266,7 @@ learned:
         /* the numbers it spanned: one for the ops that are one backend op (p->one_step), else
          * the counter read again; then the RETURN slot */
         long long after = before + 1;
-        if ((p->one_step || read_seq(seq_fn, pg, &after) == 0) && set_long_attr(gs, s_last_after, after) == 0) {
+        if ((p->one_step || read_seq(seq_fn, pg, &after) == 0) && slot_set_long(&sa_last_after, gs, s_last_after, after) == 0) {
             long long steps = after - before;
             slot = (Slot){KIND_RETURN, F_DONE, 0, (uint32_t)gid, 0, 0, 0, 0, seq, seq + (steps > 1 ? steps : 1) - 1,
                           now(), (uint64_t)rec_id, 0};
@@ -1222,7 +1362,6 @@ static int Plan_init(Plan *p, PyObject *args, PyObject *kwds)
     return 0;
 }
 
-#include <structmember.h>
 static PyMemberDef Plan_members[] = {
     {"hits", T_ULONGLONG, offsetof(Plan, hits), READONLY, "calls this path recorded itself"},
     {NULL}

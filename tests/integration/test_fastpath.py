@@ -33,8 +33,9 @@ def test_the_compiled_path_records_what_the_python_wrappers_record(gloo_job):
 
 
 def test_what_the_compiled_path_remembers_never_changes_a_record(gloo_job):
-    # alternating signatures, more call sites than its stack cache holds, two threads, and the
-    # calls it must leave to the Python wrapper (torch.export's flag) or to no one (object parts)
+    # alternating signatures and tensor types, more call sites than its stack cache holds, two
+    # threads, and the calls it must leave to the Python wrapper (torch.export's flag) or to no one
+    # (object parts, calls after tracing stepped aside)
     fast, hits, rooted = run(gloo_job, "fastpath_caches.py")
     pure, _, _ = run(gloo_job, "fastpath_caches.py", COLLTRACE_PURE="1")
     for rank in (0, 1):
@@ -44,7 +45,7 @@ def test_what_the_compiled_path_remembers_never_changes_a_record(gloo_job):
         assert len(sites) == 160 and len(set(sites)) == 80   # innermost frame: each site its own line
         assert {r["thread"] for r in got if r["thread"]} == {"MainThread", "worker"}
     # every plain all_reduce but the one made while exporting went the compiled way
-    assert hits == 9 + 160 + 6 + 2 + 1
+    assert hits == 9 + 160 + 6 + 5 + 2 + 1
     assert rooted == [9, 3, 3, 3]   # every rooted call, whichever way its root was given
 
 

@@ -1,8 +1,11 @@
 """What the compiled path remembers between calls, on 2 gloo ranks: the last call's signature
 (shapes, dtypes and ops that alternate), the caller's stack (more call sites than its cache
-holds, met twice), the calling thread (two threads, one after the other), rooted ops with their
-root given every way, and the calls it must leave alone (torch.export's compiling flag, an object collective's parts)."""
+holds, met twice), the tensor's type (a parameter, a subclass with a shape of its own), the
+calling thread (two threads, one after the other), rooted ops with their root given every way,
+and the calls it must leave alone (torch.export's compiling flag, an object collective's parts,
+calls made after tracing stepped aside)."""
 import json
+import sys
 import threading
 
 import torch
@@ -36,6 +39,19 @@ for _ in range(2):
     t.join()
     dist.all_reduce(tensors[0])   # op: main_thread
 
+# tensor types, alternating: a plain tensor's shape and dtype come from torch's own getters, a
+# subclass's shape property is read as the Python wrapper reads it (its record says [7, 7])
+class Reshaped(torch.Tensor):
+    @property
+    def shape(self):
+        return torch.Size([7, 7])
+
+
+odd = torch.ones(3).as_subclass(Reshaped)
+param = torch.nn.Parameter(torch.ones(3), requires_grad=False)
+for t in (param, odd, tensors[0], odd, param):
+    dist.all_reduce(t)   # op: tensor_types
+
 # rooted ops: the root given every way torch takes it, alternating so the last call's memo misses
 x = torch.ones(2)
 for src in (0, 1, 0):
@@ -52,6 +68,11 @@ torch.compiler._is_compiling_flag = False
 objs = [None, None]
 dist.all_gather_object(objs, rank)   # op: object
 dist.all_reduce(tensors[0])   # op: last
+shim = sys.modules.get("colltrace.rank.shim")
+if shim is not None and shim.recorder is not None:   # tracing steps aside for good: no route records what follows
+    shim.recorder.disable("this job's own test")
+for _ in range(3):
+    dist.all_reduce(tensors[0])   # op: after_disable
 dist.destroy_process_group()
 plan = getattr(dist.all_reduce, "__colltrace_plan__", None)
 rooted = [getattr(getattr(dist, n), "__colltrace_plan__", None) for n in ("broadcast", "reduce", "gather", "scatter")]
