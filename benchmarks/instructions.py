@@ -72,6 +72,8 @@ dist.destroy_process_group()
 """
 
 MODES = ("untraced", "traced", "traced-python", "flightrec")
+# torch >= 2.14 only: the hook route, c10d's floor, and the wrappers without hooks.
+HOOK_MODES = ("hooks", "hooks-floor", "traced-nohooks")
 # Asked for by name only (--modes): it compiles a torch C++ extension first (a compiler and ninja).
 OPT_IN = ("hooks-floor-cxx",)
 
@@ -143,7 +145,7 @@ def modes() -> tuple[str, ...]:
 
     from colltrace.rank import hooks
 
-    return MODES + (("hooks", "hooks-floor", "traced-nohooks") + OPT_IN if hooks.supported(dist.ProcessGroup) else ())
+    return MODES + (HOOK_MODES + OPT_IN if hooks.supported(dist.ProcessGroup) else ())
 
 
 def per_call(small: int, large: int, only=None, workload: str = "allreduce") -> dict[str, float]:
@@ -154,7 +156,7 @@ def per_call(small: int, large: int, only=None, workload: str = "allreduce") -> 
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for mode in modes():
-            if (only and mode not in only) or (mode in OPT_IN and not (only and mode in only)):
+            if (only and mode not in only) or (not only and mode in OPT_IN):
                 continue
             if workload == "step" and mode == "hooks":
                 continue   # the original all_reduce recorded by hooks: a per-call figure, not a step's
@@ -193,7 +195,7 @@ def main() -> int:
         args.large = 20 if args.step else 500
     if args.modes and "untraced" not in args.modes:
         ap.error("--modes needs untraced (the baseline)")
-    unknown = sorted(set(args.modes or ()) - set(MODES + OPT_IN + ("hooks", "hooks-floor", "traced-nohooks")))
+    unknown = sorted(set(args.modes or ()) - set(MODES + HOOK_MODES + OPT_IN))
     if unknown:
         ap.error(f"unknown mode(s): {', '.join(unknown)}")
     if not 0 < args.small < args.large:

@@ -496,22 +496,6 @@ static PyObject *instance_dict(PyObject *obj, PyObject *name)
     return d;
 }
 
-static int truthy_attr(PyObject *obj, PyObject *name);
-
-/* rec.disabled: 1, 0, or -1 with an error set; from the instance dict where `parts` are this recorder's */
-static int rec_disabled(Parts *r, PyObject *rec)
-{
-    if (r->rec == rec && r->rdict != NULL) {
-        PyObject *v = PyDict_GetItemWithError(r->rdict, s_disabled);   /* borrowed */
-        if (v == Py_False)
-            return 0;
-        if (v == Py_True)
-            return 1;
-        PyErr_Clear();
-    }
-    return truthy_attr(rec, s_disabled);
-}
-
 /* The recorder's parts, taken once per recorder (a new one after a fork or a reinstall). */
 static int adopt_parts(Parts *r, PyObject *rec)
 {
@@ -587,6 +571,20 @@ static int truthy_attr(PyObject *obj, PyObject *name)
     int t = PyObject_IsTrue(v);
     Py_DECREF(v);
     return t;
+}
+
+/* rec.disabled: 1, 0, or -1 with an error set; from the instance dict where `parts` are this recorder's */
+static int rec_disabled(Parts *r, PyObject *rec)
+{
+    if (r->rec == rec && r->rdict != NULL) {
+        PyObject *v = PyDict_GetItemWithError(r->rdict, s_disabled);   /* borrowed */
+        if (v == Py_False)
+            return 0;
+        if (v == Py_True)
+            return 1;
+        PyErr_Clear();
+    }
+    return truthy_attr(rec, s_disabled);
 }
 
 /* The backend's counter: type(pg)._get_sequence_number_for_group(pg) (gs.seq_fn), the group
