@@ -13,8 +13,10 @@ wrappers alone, COLLTRACE_PURE=1), flightrec (PyTorch's Flight Recorder, TORCH_F
 and on torch >= 2.14 hooks (the original function: c10d's per-group hooks record it, colltrace's
 route for what no wrapper sees) and hooks-floor (untraced, with a builtin registered as both c10d
 hooks: what c10d itself spends on every collective of a group that has hooks, which a traced call
-pays too; traced minus hooks-floor is colltrace's own share) and traced-nohooks (COLLTRACE_HOOKS=0:
-the wrappers alone, as on 2.13); by name only, hooks-floor-cxx (torch >= 2.14; it first builds a
+pays too where its hooks are Python ones; traced-pyhooks minus hooks-floor is colltrace's own share)
+and traced-nohooks (COLLTRACE_HOOKS=0: the wrappers alone, as on 2.13) and traced-pyhooks
+(COLLTRACE_HOOKS=python: the hooks registered from Python even where `colltrace build-hooks` built
+the C++ ones, which traced and hooks use); by name only, hooks-floor-cxx (torch >= 2.14; it first builds a
 torch C++ extension, so it needs a compiler and ninja): the same floor for no-op hooks registered
 from C++, which c10d calls without taking the GIL or making Python argument objects.
 --step counts a whole DDP training step instead (world of 1: DDP's bucket all-reduce, the hook route
@@ -73,7 +75,7 @@ dist.destroy_process_group()
 
 MODES = ("untraced", "traced", "traced-python", "flightrec")
 # torch >= 2.14 only: the hook route, c10d's floor, and the wrappers without hooks.
-HOOK_MODES = ("hooks", "hooks-floor", "traced-nohooks")
+HOOK_MODES = ("hooks", "hooks-floor", "traced-nohooks", "traced-pyhooks")
 # Asked for by name only (--modes): it compiles a torch C++ extension first (a compiler and ninja).
 OPT_IN = ("hooks-floor-cxx",)
 
@@ -117,6 +119,8 @@ def count(mode: str, calls: int, tmp: str, workload: str = "allreduce") -> int:
         env["COLLTRACE_PURE"] = "1"
     if mode == "traced-nohooks":
         env["COLLTRACE_HOOKS"] = "0"
+    if mode == "traced-pyhooks":
+        env["COLLTRACE_HOOKS"] = "python"
     if mode == "hooks-floor-cxx":
         env["CT_CXX_DIR"] = cxx_hooks(tmp)
     # sys.executable, not a launcher script (pyenv's shims are shell scripts valgrind would trace instead).
@@ -173,12 +177,25 @@ def report(figures: dict[str, float], workload: str = "allreduce") -> str:
     for mode in figures:
         v = figures[mode]
         lines.append(f"  {mode:<13} {v:12,.0f}   ({v / base:6.3f}x, {v - base:+10,.0f} beyond untraced)")
-    if "traced" in figures and "hooks-floor" in figures:
+    compiled = compiled_hooks()
+    if compiled is not None:
+        lines.append(f"  traced used {'the C++ hooks `colltrace build-hooks` built' if compiled else 'Python hooks (no build-hooks build for this torch)'}")
+    # c10d's toll for Python hooks (hooks-floor) is paid by the traced call that registers its hooks from Python
+    py = "traced-pyhooks" if "traced-pyhooks" in figures else "traced" if compiled is False else None
+    if py in figures and "hooks-floor" in figures:
         floor = figures["hooks-floor"] - base
-        lines.append(f"  of the traced {'call' if workload == 'allreduce' else 'step'}'s {figures['traced'] - base:+,.0f}: "
-                     f"c10d's dispatch of its two hooks "
-                     f"{floor:+,.0f}, colltrace's own {figures['traced'] - figures['hooks-floor']:+,.0f}")
+        lines.append(f"  of the {py} {'call' if workload == 'allreduce' else 'step'}'s {figures[py] - base:+,.0f}: "
+                     f"c10d's dispatch of two Python hooks "
+                     f"{floor:+,.0f}, colltrace's own {figures[py] - figures['hooks-floor']:+,.0f}")
     return "\n".join(lines)
+
+
+def compiled_hooks():
+    """On torch >= 2.14, whether `colltrace build-hooks` built the C++ hooks for this torch (the
+    traced modes use them, traced-pyhooks does not); None on torch 2.13."""
+    from colltrace.rank import hookbuild
+
+    return hookbuild.built() is not None if hookbuild.supported() else None
 
 
 def main() -> int:

@@ -11,8 +11,10 @@ Two gloo ranks on this machine, measured three ways:
    the ratio is the wrapper's cost and nothing else. On torch >= 2.14 a third route, the
    original function with colltrace's c10d hooks on (the native route), and "untraced" has
    them off; and a fourth, "floor": untraced with a builtin registered as both c10d hooks,
-   what c10d itself spends on a group that has any hooks, so that traced/floor is colltrace's
-   own share in wall clock too.
+   what c10d itself spends on a group that has Python hooks, so that traced/floor is colltrace's
+   own share in wall clock too. Where `colltrace build-hooks` built the C++ hooks, "traced" uses
+   them and a fifth route, "pyhooks", is the wrapper with the hooks registered from Python (what
+   a rank does without the build); the floor then compares with that one.
 2. Separate processes: untraced, traced (COLLTRACE=1 path, everything on), PyTorch's Flight
    Recorder (TORCH_FR_BUFFER_SIZE=2000) and TORCH_DISTRIBUTED_DEBUG=DETAIL, alternating round
    by round so drift hits all alike. Noisier (each pair of processes lands differently on 2
@@ -54,10 +56,18 @@ if mode == "ab":   # torch >= 2.14: orig() goes through c10d's hooks, colltrace'
 
 FLOOR_ID = 7   # c10d's toll for any hooks: a builtin registered as both, under an id of its own
 
-def route(name):   # untraced and floor: our hooks off; traced (the wrapper) and hook (the native route): on
-    if native:
+cxx = native and hooks.compiled_in_use()   # the group got `colltrace build-hooks`' C++ hooks
+
+def route(name):   # untraced and floor: our hooks off; traced (the wrapper), hook (the native route): on;
+    if native:     # pyhooks: the wrapper with our hooks registered from Python, as without a build
         pg = dist.group.WORLD
-        hooks.detach_all() if name in ("untraced", "floor") else hooks.attach(pg, shim)
+        hooks.detach_all()
+        if name not in ("untraced", "floor"):
+            built = hooks._compiled[:]
+            if name == "pyhooks":
+                hooks._compiled[:] = [None]
+            hooks.attach(pg, shim)
+            hooks._compiled[:] = built
         if name == "floor":
             pg.register_pre_hook(FLOOR_ID, id); pg.register_post_hook(FLOOR_ID, id)
         else:
@@ -92,7 +102,8 @@ if mode != "detail":
     step_block(orig, 10)
 out = {}
 if mode == "ab":
-    routes = [("untraced", orig), ("traced", wrapped)] + ([("hook", orig), ("floor", orig)] if native else [])
+    routes = ([("untraced", orig), ("traced", wrapped)] + ([("hook", orig), ("floor", orig)] if native else [])
+              + ([("pyhooks", wrapped)] if cxx else []))
     res = {k: {name: [] for name, _ in routes} for k in ("allreduce", "ddp_step")}
     for b in range(blocks):
         order = routes[b % len(routes):] + routes[:b % len(routes)]
@@ -204,10 +215,15 @@ def main() -> int:
                med[("ab", "allreduce", "untraced")], "collective"))
     print(line("in-process A/B, DDP step traced", med[("ab", "ddp_step", "traced")],
                med[("ab", "ddp_step", "untraced")], "step"))
-    if ("ab", "allreduce", "floor") in med:   # torch >= 2.14: what c10d spends on any hooks, and ours beyond it
-        print(line("in-process A/B, all_reduce, c10d hook floor", med[("ab", "allreduce", "floor")],
+    pyhooks = ("ab", "allreduce", "pyhooks") in med   # torch >= 2.14 with build-hooks' C++ hooks: traced used them
+    if pyhooks:
+        print(line("in-process A/B, all_reduce traced, Python hooks", med[("ab", "allreduce", "pyhooks")],
                    med[("ab", "allreduce", "untraced")], "collective"))
-        print(line("in-process A/B, all_reduce traced over floor", med[("ab", "allreduce", "traced")],
+    if ("ab", "allreduce", "floor") in med:   # torch >= 2.14: what c10d spends on Python hooks, and ours beyond it
+        print(line("in-process A/B, all_reduce, c10d Python-hook floor", med[("ab", "allreduce", "floor")],
+                   med[("ab", "allreduce", "untraced")], "collective"))
+        print(line(f"in-process A/B, all_reduce traced{', Python hooks,' if pyhooks else ''} over floor",
+                   med[("ab", "allreduce", "pyhooks" if pyhooks else "traced")],
                    med[("ab", "allreduce", "floor")], "collective", base_name="floor"))
     if ("ab", "allreduce", "hook") in med:   # torch >= 2.14
         print(line("in-process A/B, all_reduce via hook", med[("ab", "allreduce", "hook")],

@@ -33,6 +33,7 @@ class Settings:
     user_packages: tuple[str, ...] = ()   # installed packages that are the user's own code (COLLTRACE_USER_PACKAGES)
     pure: bool = False               # COLLTRACE_PURE=1: the Python wrappers only, not the compiled hot path
     hooks: bool = True               # COLLTRACE_HOOKS=0: on torch >= 2.14, no c10d hooks (the wrappers only, as on 2.13)
+    hooks_compiled: bool = True      # COLLTRACE_HOOKS=python: the hooks registered from Python even where build-hooks built C++ ones
     warnings: tuple[str, ...] = ()
 
 
@@ -128,6 +129,10 @@ def load(env=None) -> Settings:
     if watchdog not in ("auto", "off", "external"):
         warnings.append(f"COLLTRACE_WATCHDOG={watchdog!r} is not one of auto, off, external; using auto")
         watchdog = "auto"
+    hooks = env.get("COLLTRACE_HOOKS", "").strip().lower() or "1"
+    if hooks not in ("1", "on", "0", "off", "python"):
+        warnings.append(f"COLLTRACE_HOOKS={hooks!r} is not one of 1, 0, python; using 1")
+        hooks = "1"
     return Settings(
         enabled=enabled,
         dir=env.get("COLLTRACE_DIR", "").strip() or DEFAULT_DIR,
@@ -145,7 +150,8 @@ def load(env=None) -> Settings:
         dashboard_token=env.get("COLLTRACE_DASHBOARD_TOKEN", "").strip(),
         user_packages=_names(env, "COLLTRACE_USER_PACKAGES", warnings),
         pure=env.get("COLLTRACE_PURE", "").strip() not in ("", "0"),
-        hooks=env.get("COLLTRACE_HOOKS", "").strip().lower() not in ("0", "off"),
+        hooks=hooks not in ("0", "off"),
+        hooks_compiled=hooks != "python",
         warnings=tuple(warnings),
     )
 

@@ -49,6 +49,13 @@ typedef struct {          /* "<BBHIIIIIqqdQQ" (colltrace/tracefile/ringfile.py) 
  * the Python wrappers and c10d's hooks reach it as recorder.local.depth (the Local type below). */
 static __thread long tl_depth;
 
+/* tl_depth for colltrace's C++ hooks (_hooks.cpp, built by `colltrace build-hooks`), which test it
+ * before taking the GIL; exported as the capsule _fastpath._depth. */
+static long depth_now(void)
+{
+    return tl_depth;
+}
+
 static PyObject *s_recorder, *s_disabled, *s_local, *s_last_after, *s_compiling_flag,
     *s_p2p_offset, *s_rec_ids, *s_threads, *s_thread_id, *s_stacks, *s_stack_id, *s_ring, *s_mm,
     *s_serial, *s_slots, *s_stack_depth, *s_fail, *s_internal_error, *s_default_pg,
@@ -1481,6 +1488,13 @@ PyMODINIT_FUNC PyInit__fastpath(void)
             Py_DECREF(m);
             return NULL;
         }
+    }
+    PyObject *cap = PyCapsule_New((void *)depth_now, "colltrace.rank._fastpath._depth", NULL);
+    int added = cap == NULL ? -1 : PyModule_AddObjectRef(m, "_depth", cap);
+    Py_XDECREF(cap);
+    if (added < 0) {
+        Py_DECREF(m);
+        return NULL;
     }
     return m;
 }

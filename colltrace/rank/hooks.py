@@ -10,6 +10,10 @@ op itself, under the hook's op name, with the same ENTER/RETURN slots and number
 Hooks run inside the user's collective: an exception raised in a pre-hook aborts it, so every
 hook body catches everything, reports once and steps aside. The feature is detected on the
 group (`register_pre_hook`), never by version: on torch 2.13 this module attaches nothing.
+
+Where `colltrace build-hooks` compiled _hooks.cpp for this torch (hookbuild), the same gates are
+registered through it from C++: c10d then calls a C++ function that tests the depth without the
+GIL, instead of taking the GIL and making a Python argument object for a Python hook that returns.
 """
 from __future__ import annotations
 
@@ -102,12 +106,60 @@ def attach(pg, shim) -> bool:
         kinds = _kinds(shim)
         pre, post = fastpath.hook_gates(_make_pre(ref, shim), _make_post(shim), ref,
                                         vars(shim) if kinds is not None else None, _make_learn(ref, shim), kinds)
+        compiled = _compiled_hooks(shim, settings) if kinds is not None else None
+        if compiled is not None:   # c10d tests the depth in C++: no GIL, no argument object inside a wrapper
+            try:
+                compiled.attach(pg, HOOK_ID, pre, post, lambda exc: _report(shim, exc))
+                return True
+            except TypeError:   # not a c10d group (a stand-in): its own register methods take Python hooks
+                pass
+            except Exception as exc:
+                _report_once(shim, exc)
         pg.register_pre_hook(HOOK_ID, pre)
         pg.register_post_hook(HOOK_ID, post)
         return True
     except Exception as exc:   # an odd group: the wrappers still trace it
         _report(shim, exc)
         return False
+
+
+_compiled: list = []   # [the built C++ hooks module or None], decided once per process
+
+
+def _compiled_hooks(shim, settings):
+    """`colltrace build-hooks`' module where one was built for this torch and Python and the
+    settings allow it (not COLLTRACE_HOOKS=python); else None: the gates are registered as Python
+    hooks. A build that exists but does not load is said once."""
+    if settings is None or not getattr(settings, "hooks_compiled", True):
+        return None
+    if not _compiled:
+        module = None
+        try:
+            from colltrace.rank import hookbuild
+
+            module = hookbuild.load()
+        except Exception as exc:
+            _report_once(shim, exc)
+        _compiled.append(module)
+    return _compiled[0]
+
+
+def compiled_in_use() -> bool:
+    """Whether this process loaded the C++ hooks (`colltrace build-hooks`) for its groups."""
+    return bool(_compiled and _compiled[0] is not None)
+
+
+def _report_once(shim, exc) -> None:
+    """Said once per process on stderr; tracing goes on (the Python hooks record the same)."""
+    if _said:
+        return
+    _said.append(exc)
+    rank = getattr(shim.recorder, "rank", "?")
+    sys.stderr.write(f"colltrace: rank {rank}: the compiled c10d hooks cannot be used ({exc!r}); "
+                     "using the Python hooks (the same records; run `colltrace build-hooks` again)\n")
+
+
+_said: list = []
 
 
 def _kinds(shim):

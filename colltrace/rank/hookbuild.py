@@ -1,0 +1,165 @@
+"""colltrace's c10d hooks in C++ (_hooks.cpp, torch >= 2.14): built against this environment's torch
+by `colltrace build-hooks`, found and loaded by the ranks.
+
+The build cannot happen at `pip install` (pip's build isolation brings a torch of its own) nor inside
+a rank (a compile at job start changes the job's timing), so it is a command of its own, run once
+per environment (the Docker image runs it). A build is loaded only into the torch and Python it was
+built for: its folder is named by a key of torch's version and git revision, its C++ ABI, the
+interpreter's tag and the source's digest. Where there is none, the ranks register the same gates
+as Python hooks (hooks.attach): the same records, at c10d's Python-hook toll per collective.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+NAME = "colltrace_hooks"
+SOURCE = Path(__file__).with_name("_hooks.cpp")
+ROOT = Path(__file__).with_name("_hooks_build")   # beside the package: a build travels with its venv or image
+
+_loaded: list = []   # [module or None], once per process
+
+
+def key() -> str:
+    """What a build must match to be loaded here (torch must be importable)."""
+    import torch
+
+    parts = [torch.__version__, str(getattr(torch.version, "git_version", "")),
+             f"cxx11abi={int(torch.compiled_with_cxx11_abi())}", sys.implementation.cache_tag,
+             platform.machine(), hashlib.sha256(SOURCE.read_bytes()).hexdigest()]
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+    return f"torch-{torch.__version__.replace('+', '_')}-{sys.implementation.cache_tag}-{digest}"
+
+
+def library(folder: Path) -> Path:
+    return folder / (NAME + (".pyd" if sys.platform == "win32" else ".so"))   # as cpp_extension names it
+
+
+def built(root: Path = ROOT) -> Path | None:
+    """The build for this torch and Python, if `colltrace build-hooks` made one."""
+    path = library(root / key())
+    return path if path.is_file() else None
+
+
+def load():
+    """The built module for this torch and Python, or None (none built; torch < 2.14). Raises what
+    loading a build that exists raised: the caller reports it once and uses the Python hooks."""
+    if _loaded:
+        return _loaded[0]
+    _loaded.append(None)
+    path = built()
+    if path is None:
+        return None
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(NAME, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    _loaded[0] = module
+    return module
+
+
+def supported() -> bool:
+    """Whether this torch has c10d's collective hooks to build against."""
+    import torch.distributed as dist
+
+    return callable(getattr(getattr(dist, "ProcessGroup", None), "register_pre_hook", None))
+
+
+def build(root: Path = ROOT, verbose: bool = False) -> Path:
+    """Compile _hooks.cpp against this torch (torch.utils.cpp_extension: a C++ compiler and ninja),
+    check the result in a process of its own, and only then put it where the ranks look. Raises
+    RuntimeError with one line on failure; a build already there is replaced whole or not at all."""
+    from torch.utils import cpp_extension
+
+    dest = root / key()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
+    except OSError as exc:
+        raise RuntimeError(f"{root} cannot be written ({exc.strerror or exc}); run build-hooks where colltrace "
+                           "is installed writable (in the image or venv build)") from None
+    try:
+        ninja = _ninja_dir()
+        env_path = os.environ.get("PATH", "")
+        if ninja:
+            os.environ["PATH"] = ninja + os.pathsep + env_path
+        try:
+            cpp_extension.verify_ninja_availability()
+        except RuntimeError:
+            raise RuntimeError("building needs ninja: pip install ninja") from None
+        try:
+            cpp_extension.load(NAME, sources=[str(SOURCE)], build_directory=str(work), extra_cflags=["-O2"],
+                               verbose=verbose)
+        except Exception as exc:   # the compiler's own output went to stderr (verbose) or is in exc
+            lines = [l for l in str(exc).strip().splitlines() if l.strip()]
+            error = next((l for l in lines if "error" in l.lower()), lines[-1] if lines else repr(exc))
+            raise RuntimeError(f"the compile failed: {error.strip()}") from None
+        finally:
+            os.environ["PATH"] = env_path
+        lib = library(work)
+        if not lib.is_file():
+            raise RuntimeError(f"the compile left no {lib.name}")
+        check = subprocess.run([sys.executable, "-c", _SELFTEST, str(lib)], capture_output=True, text=True, check=False,
+                               timeout=120, env={**os.environ, "COLLTRACE": "0"})
+        if check.returncode != 0 or check.stdout.strip() != "ok":
+            said = (check.stderr.strip().splitlines() or [check.stdout.strip() or f"exit {check.returncode}"])[-1]
+            raise RuntimeError(f"the built hooks failed their check: {said}")
+        staged = work / "ready"
+        staged.mkdir()
+        shutil.copy2(lib, library(staged))
+        old = work / "replaced"
+        try:
+            if dest.exists():
+                os.replace(dest, old)
+            os.replace(staged, dest)
+        except OSError as exc:   # another build-hooks published at the same moment: theirs stands
+            if not library(dest).is_file():
+                raise RuntimeError(f"{dest} cannot be written ({exc.strerror or exc})") from None
+        return library(dest)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _ninja_dir() -> str | None:
+    """The pip-installed ninja's folder (an un-activated venv's bin is not on PATH)."""
+    try:
+        import ninja
+
+        return getattr(ninja, "BIN_DIR", None)
+    except ImportError:
+        here = os.path.dirname(sys.executable)
+        return here if os.path.exists(os.path.join(here, "ninja")) else None
+
+
+# Run in a process of its own on a fresh build: a world of 1, one all_reduce issued where no wrapper
+# records (both hooks fire, with c10d's arguments), then one with the depth set (neither fires).
+_SELFTEST = textwrap.dedent("""
+    import importlib.util, sys
+    import torch, torch.distributed as dist
+    from colltrace.rank import _fastpath
+    spec = importlib.util.spec_from_file_location("colltrace_hooks", sys.argv[1])
+    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    seen = []
+    def pre(a): seen.append(("pre", str(a.name), len(a.input_tensors), a.op_id))
+    def post(a): seen.append(("post", str(a.name), a.op_id))
+    mod.attach(dist.group.WORLD, 7, pre, post, lambda exc: seen.append(("error", repr(exc))))
+    x = torch.ones(3)
+    dist.group.WORLD.allreduce([x]).wait()
+    _fastpath.Local().depth = 1
+    dist.group.WORLD.allreduce([x]).wait()
+    _fastpath.Local().depth = 0
+    assert len(seen) == 2 and seen[0][0] == "pre" and "ALLREDUCE" in seen[0][1] and seen[0][2] == 1, seen
+    assert seen[1][0] == "post" and seen[1][2] == seen[0][3], seen
+    dist.group.WORLD.unregister_pre_hook(7); dist.group.WORLD.unregister_post_hook(7)
+    dist.destroy_process_group()
+    print("ok")
+""")

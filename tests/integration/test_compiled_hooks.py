@@ -1,0 +1,55 @@
+"""`colltrace build-hooks` (torch >= 2.14): colltrace's c10d hooks compiled against this torch. The
+ranks then register them from C++, which records what the Python hooks record (COLLTRACE_HOOKS=python
+keeps to those), and no error inside colltrace reaches the collective through them."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch.distributed as dist
+
+from colltrace.rank import fastpath, hookbuild, hooks
+from helpers.jobs import internal_errors_with_results_unchanged, records
+
+pytestmark = [pytest.mark.skipif(not fastpath.available(), reason="the compiled hot path was not built here"),
+              pytest.mark.skipif(not hooks.supported(dist.ProcessGroup), reason="torch < 2.14: no c10d hooks")]
+
+
+@pytest.fixture(scope="module")
+def built():
+    """The build for this torch, made by the command a user types (a no-op where CI made it)."""
+    done = subprocess.run([sys.executable, "-m", "colltrace", "build-hooks"], capture_output=True, text=True,
+                          check=False, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    path = hookbuild.built()
+    assert path is not None and str(path) in done.stderr, done.stderr
+    return path
+
+
+def run(gloo_job, **env):
+    job = gloo_job("hook_route.py", 2, env={"COLLTRACE_WATCHDOG": "off", **env})
+    assert job.wait(120) == [0, 0], job.stderr(0)[-3000:] + "\n---rank1---\n" + job.stderr(1)[-3000:]
+    (said,) = [json.loads(l[len("HOOKFAST "):]) for l in job.stdout(0).splitlines() if l.startswith("HOOKFAST ")]
+    return job, said
+
+
+def test_the_cxx_hooks_record_what_the_python_hooks_record(built, gloo_job):
+    cxx, cxx_said = run(gloo_job)
+    py, py_said = run(gloo_job, COLLTRACE_HOOKS="python")
+    assert cxx_said["compiled"] is True and py_said["compiled"] is False
+    assert cxx_said["hits"] == py_said["hits"] >= 20   # the gates' compiled case took the same ops both ways
+    for rank in (0, 1):
+        got, want = records(cxx.dir, rank), records(py.dir, rank)
+        assert len(got) == len(want) and got == want
+        assert {"allreduce", "allgather_base", "broadcast", "barrier", "all_reduce"} <= {r["op"] for r in got}
+        assert {r["thread"] for r in got if r["thread"]} >= {"MainThread", "worker"}
+        assert not any("internal error" in l or "cannot be used" in l for l in cxx.stderr(rank).splitlines())
+
+
+def test_an_error_inside_colltrace_stops_at_the_cxx_hook_said_once(built, gloo_job):
+    traced = gloo_job("hook_gate_raises.py", 2, env={"COLLTRACE_WATCHDOG": "off"})
+    plain = gloo_job("hook_gate_raises.py", 2, traced=False)
+    for r, errors in internal_errors_with_results_unchanged(traced, plain).items():
+        assert len(errors) == 1 and "injected: the gate broke" in errors[0], traced.stderr(r)[-3000:]
