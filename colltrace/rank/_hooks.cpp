@@ -15,6 +15,9 @@
 
 #include <atomic>
 #include <memory>
+#if defined(__GLIBCXX__)
+#include <cxxabi.h>
+#endif
 
 namespace py = pybind11;
 
@@ -73,8 +76,10 @@ void report(Held& h) {
   Py_XDECREF(tb);
 }
 
+// Not noexcept: CPython ends a thread that waits for the GIL while the interpreter finalizes by
+// unwinding it (pthread_exit), and that unwind must pass through, not std::terminate here.
 template <typename Args>
-void fire(Held& h, const Args& args) noexcept {
+void fire(Held& h, const Args& args) {
   if (depth_now() != 0 || python_gone()) {
     return;   // a part of a wrapper's call (the common case): no GIL, no Python
   }
@@ -87,6 +92,10 @@ void fire(Held& h, const Args& args) noexcept {
       report(h);
     }
     Py_XDECREF(r);
+#if defined(__GLIBCXX__)
+  } catch (abi::__forced_unwind&) {
+    throw;   // the thread is being ended (see above): let it go
+#endif
   } catch (py::error_already_set& e) {
     e.restore();
     report(h);

@@ -123,6 +123,10 @@ def build(root: Path = ROOT, verbose: bool = False) -> Path:
         except OSError as exc:   # another build-hooks published at the same moment: theirs stands
             if not library(dest).is_file():
                 raise RuntimeError(f"{dest} cannot be written ({exc.strerror or exc})") from None
+        stem = dest.name.rsplit("-", 1)[0] + "-"   # this torch and Python, an older source: never loaded again
+        for stale in root.glob(stem + "*"):
+            if stale != dest:
+                shutil.rmtree(stale, ignore_errors=True)
         return library(dest)
     finally:
         shutil.rmtree(work, ignore_errors=True)
