@@ -11,8 +11,10 @@ as Python hooks (hooks.attach): the same records, at c10d's Python-hook toll per
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -77,6 +79,17 @@ def build(root: Path = ROOT, verbose: bool = False) -> Path:
     """Compile _hooks.cpp against this torch (torch.utils.cpp_extension: a C++ compiler and ninja),
     check the result in a process of its own, and only then put it where the ranks look. Raises
     RuntimeError with one line on failure; a build already there is replaced whole or not at all."""
+    quiet = logging.getLogger("torch.utils.cpp_extension")
+    level = quiet.level
+    if not verbose:   # its advice on CUDA and compilers, some of it said on import: --verbose shows it
+        quiet.setLevel(logging.ERROR)
+    try:
+        return _build(root, verbose)
+    finally:
+        quiet.setLevel(level)
+
+
+def _build(root: Path, verbose: bool) -> Path:
     from torch.utils import cpp_extension
 
     dest = root / key()
@@ -98,10 +111,9 @@ def build(root: Path = ROOT, verbose: bool = False) -> Path:
         try:
             cpp_extension.load(NAME, sources=[str(SOURCE)], build_directory=str(work), extra_cflags=["-O2"],
                                verbose=verbose)
-        except Exception as exc:   # the compiler's own output went to stderr (verbose) or is in exc
-            lines = [l for l in str(exc).strip().splitlines() if l.strip()]
-            error = next((l for l in lines if "error" in l.lower()), lines[-1] if lines else repr(exc))
-            raise RuntimeError(f"the compile failed: {error.strip()}") from None
+        except Exception as exc:   # ninja's log is in exc: the compiler's first complaint is the line to show
+            raise RuntimeError(f"the compile failed: {_cause(str(exc))} "
+                               "(--verbose shows the compiler's output)") from None
         finally:
             os.environ["PATH"] = env_path
         lib = library(work)
@@ -130,6 +142,17 @@ def build(root: Path = ROOT, verbose: bool = False) -> Path:
         return library(dest)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _cause(log: str) -> str:
+    """The line of a failed cpp_extension build that says why: the compiler's first error, or the
+    shell's (no compiler), rather than ninja's command lines."""
+    lines = [l.strip() for l in log.splitlines() if l.strip()]
+    for l in lines:
+        if re.search(r"error:|not found|no such file|cannot execute|fatal", l, re.IGNORECASE) \
+                and not l.startswith(("Error building extension", "FAILED:")):
+            return l
+    return next((l for l in reversed(lines) if not l.startswith("ninja:")), lines[-1] if lines else "no output")
 
 
 def _ninja_dir() -> str | None:

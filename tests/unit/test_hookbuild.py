@@ -81,3 +81,19 @@ def test_a_failed_build_is_one_line_and_exit_2(capsys, monkeypatch):
 
     rc, said = build_hooks(capsys, monkeypatch, build=fails)
     assert rc == 2 and said[-1] == "colltrace: error: build-hooks: building needs ninja: pip install ninja"
+
+
+@pytest.mark.parametrize("log, said", [
+    # no compiler: ninja's log as cpp_extension raises it
+    ("Error building extension 'colltrace_hooks': [1/2] /nonexistent -MMD -c _hooks.cpp -o _hooks.o\n"
+     "FAILED: _hooks.o\n/nonexistent -MMD -c _hooks.cpp -o _hooks.o\n/bin/sh: 1: /nonexistent: not found\n"
+     "ninja: build stopped: subcommand failed.\n", "/bin/sh: 1: /nonexistent: not found"),
+    # a header torch does not ship
+    ("Error building extension 'colltrace_hooks': [1/2] c++ -c _hooks.cpp\nFAILED: _hooks.o\nc++ -c _hooks.cpp\n"
+     "_hooks.cpp:15:10: fatal error: torch/csrc/distributed/c10d/ProcessGroup.hpp: No such file or directory\n"
+     "compilation terminated.\nninja: build stopped: subcommand failed.\n",
+     "_hooks.cpp:15:10: fatal error: torch/csrc/distributed/c10d/ProcessGroup.hpp: No such file or directory"),
+    ("something else went wrong\nninja: build stopped: subcommand failed.", "something else went wrong"),
+])
+def test_a_failed_compile_is_said_by_its_cause_not_by_ninjas_command_lines(log, said):
+    assert hookbuild._cause(log) == said
