@@ -119,8 +119,11 @@ def _build(root: Path, verbose: bool) -> Path:
         lib = library(work)
         if not lib.is_file():
             raise RuntimeError(f"the compile left no {lib.name}")
-        check = subprocess.run([sys.executable, "-c", _SELFTEST, str(lib)], capture_output=True, text=True, check=False,
-                               timeout=120, env={**os.environ, "COLLTRACE": "0"})
+        try:
+            check = subprocess.run([sys.executable, "-c", _SELFTEST, str(lib)], capture_output=True, text=True,
+                                   check=False, timeout=120, env={**os.environ, "COLLTRACE": "0"})
+        except subprocess.TimeoutExpired:
+            raise RuntimeError("the built hooks' check did not end within 120 s") from None
         if check.returncode != 0 or check.stdout.strip() != "ok":
             said = (check.stderr.strip().splitlines() or [check.stdout.strip() or f"exit {check.returncode}"])[-1]
             raise RuntimeError(f"the built hooks failed their check: {said}")
