@@ -26,9 +26,6 @@ NAME = "colltrace_hooks"
 SOURCE = Path(__file__).with_name("_hooks.cpp")
 ROOT = Path(__file__).with_name("_hooks_build")   # beside the package: a build travels with its venv or image
 
-_loaded: list = []   # [module or None], once per process
-
-
 def key() -> str:
     """What a build must match to be loaded here (torch must be importable)."""
     import torch
@@ -52,10 +49,8 @@ def built(root: Path = ROOT) -> Path | None:
 
 def load():
     """The built module for this torch and Python, or None (none built; torch < 2.14). Raises what
-    loading a build that exists raised: the caller reports it once and uses the Python hooks."""
-    if _loaded:
-        return _loaded[0]
-    _loaded.append(None)
+    loading a build that exists raised. Called once per process (hooks._compiled_hooks keeps the
+    answer, and says a failure once)."""
     path = built()
     if path is None:
         return None
@@ -64,7 +59,6 @@ def load():
     spec = importlib.util.spec_from_file_location(NAME, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    _loaded[0] = module
     return module
 
 
