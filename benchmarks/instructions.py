@@ -14,9 +14,10 @@ and on torch >= 2.14 hooks (the original function: c10d's per-group hooks record
 route for what no wrapper sees) and hooks-floor (untraced, with a builtin registered as both c10d
 hooks: what c10d itself spends on every collective of a group that has hooks, which a traced call
 pays too where its hooks are Python ones; traced-pyhooks minus hooks-floor is colltrace's own share)
-and traced-nohooks (COLLTRACE_HOOKS=0: the wrappers alone, as on 2.13) and traced-pyhooks
-(COLLTRACE_HOOKS=python: the hooks registered from Python even where `colltrace build-hooks` built
-the C++ ones, which traced and hooks use); by name only, hooks-floor-cxx (torch >= 2.14; it first builds a
+and traced-nohooks (COLLTRACE_HOOKS=0: the wrappers alone, as on 2.13); on any torch where
+`colltrace build-hooks` built its C++ module (which traced and hooks use: its counter reader, and
+its c10d hooks on torch >= 2.14), traced-pyhooks (COLLTRACE_HOOKS=python: the Python route, hooks
+registered from Python and counters read through pybind); by name only, hooks-floor-cxx (torch >= 2.14; it first builds a
 torch C++ extension, so it needs a compiler and ninja): the same floor for no-op hooks registered
 from C++, which c10d calls without taking the GIL or making Python argument objects.
 --step counts a whole DDP training step instead (world of 1: DDP's bucket all-reduce, the hook route
@@ -149,7 +150,10 @@ def modes() -> tuple[str, ...]:
 
     from colltrace.rank import hooks
 
-    return MODES + (HOOK_MODES + OPT_IN if hooks.supported(dist.ProcessGroup) else ())
+    if hooks.supported(dist.ProcessGroup):
+        return MODES + HOOK_MODES + OPT_IN
+    # torch < 2.14: where build-hooks built its counter reader, traced uses it and traced-pyhooks does not
+    return MODES + (("traced-pyhooks",) if compiled_hooks() else ())
 
 
 def per_call(small: int, large: int, only=None, workload: str = "allreduce") -> dict[str, float]:
@@ -178,10 +182,9 @@ def report(figures: dict[str, float], workload: str = "allreduce") -> str:
         v = figures[mode]
         lines.append(f"  {mode:<13} {v:12,.0f}   ({v / base:6.3f}x, {v - base:+10,.0f} beyond untraced)")
     compiled = compiled_hooks()
-    if compiled is not None:
-        lines.append(f"  traced used {'the C++ hooks `colltrace build-hooks` built' if compiled else 'Python hooks (no build-hooks build for this torch)'}")
+    lines.append(f"  traced used {'the C++ module `colltrace build-hooks` built (counter reader' + (', c10d hooks)' if hooks_here() else ')') if compiled else 'the Python route (no build-hooks build for this torch)'}")
     # c10d's toll for Python hooks (hooks-floor) is paid by the traced call that registers its hooks from Python
-    py = "traced-pyhooks" if "traced-pyhooks" in figures else "traced" if compiled is False else None
+    py = "traced-pyhooks" if "traced-pyhooks" in figures else "traced" if not compiled else None
     if py in figures and "hooks-floor" in figures:
         floor = figures["hooks-floor"] - base
         lines.append(f"  of the {py} {'call' if workload == 'allreduce' else 'step'}'s {figures[py] - base:+,.0f}: "
@@ -190,12 +193,18 @@ def report(figures: dict[str, float], workload: str = "allreduce") -> str:
     return "\n".join(lines)
 
 
-def compiled_hooks():
-    """On torch >= 2.14, whether `colltrace build-hooks` built the C++ hooks for this torch (the
-    traced modes use them, traced-pyhooks does not); None on torch 2.13."""
+def compiled_hooks() -> bool:
+    """Whether `colltrace build-hooks` built its C++ module for this torch: the traced modes use it
+    (its counter reader; on torch >= 2.14 its c10d hooks too), traced-pyhooks does not."""
     from colltrace.rank import hookbuild
 
-    return hookbuild.built() is not None if hookbuild.supported() else None
+    return hookbuild.built() is not None
+
+
+def hooks_here() -> bool:
+    from colltrace.rank import hookbuild
+
+    return hookbuild.supported()
 
 
 def main() -> int:

@@ -12,9 +12,10 @@ Two gloo ranks on this machine, measured three ways:
    original function with colltrace's c10d hooks on (the native route), and "untraced" has
    them off; and a fourth, "floor": untraced with a builtin registered as both c10d hooks,
    what c10d itself spends on a group that has Python hooks, so that traced/floor is colltrace's
-   own share in wall clock too. Where `colltrace build-hooks` built the C++ hooks, "traced" uses
-   them and a fifth route, "pyhooks", is the wrapper with the hooks registered from Python (what
-   a rank does without the build); the floor then compares with that one.
+   own share in wall clock too. Where `colltrace build-hooks` built its C++ module (any torch),
+   "traced" uses it (its counter reader; on torch >= 2.14 its c10d hooks) and another route,
+   "pyhooks", is the Python route a rank takes without the build: counters read through pybind,
+   hooks registered from Python; the floor then compares with that one.
 2. Separate processes: untraced, traced (COLLTRACE=1 path, everything on), PyTorch's Flight
    Recorder (TORCH_FR_BUFFER_SIZE=2000) and TORCH_DISTRIBUTED_DEBUG=DETAIL, alternating round
    by round so drift hits all alike. Noisier (each pair of processes lands differently on 2
@@ -56,10 +57,12 @@ if mode == "ab":   # torch >= 2.14: orig() goes through c10d's hooks, colltrace'
 
 FLOOR_ID = 7   # c10d's toll for any hooks: a builtin registered as both, under an id of its own
 
-cxx = native and hooks.compiled_in_use()   # the group got `colltrace build-hooks`' C++ hooks
+cxx = False   # `colltrace build-hooks`' C++ module is in use (known once the first traced call described the group)
 
 def route(name):   # untraced and floor: our hooks off; traced (the wrapper), hook (the native route): on;
-    if native:     # pyhooks: the wrapper with our hooks registered from Python, as without a build
+    if cxx:        # pyhooks: the Python route, as without a build: counters read through pybind,
+        fastpath.use_readers(None if name == "pyhooks" else hooks._compiled[0])
+    if native:     # and our hooks registered from Python
         pg = dist.group.WORLD
         hooks.detach_all()
         if name not in ("untraced", "floor"):
@@ -98,6 +101,10 @@ def step_block(f, count):
     return statistics.median(times)
 
 for _ in range(200): orig(x)
+if mode == "ab":
+    wrapped(x)   # the group described: build-hooks' module loaded, where there is one
+    from colltrace.rank import fastpath
+    cxx = hooks.compiled_in_use()
 if mode != "detail":
     step_block(orig, 10)
 out = {}
@@ -114,6 +121,7 @@ if mode == "ab":
             route(name)
             res["ddp_step"][name].append(step_block(f, max(2, steps // blocks)))
     out = {k: {m: statistics.median(v) * 1e6 for m, v in d.items()} for k, d in res.items()}
+    out["blocks"] = {k: {m: [t * 1e6 for t in v] for m, v in d.items()} for k, d in res.items()}
 else:
     out = {"allreduce": allreduce_block(wrapped, n) * 1e6}
     if mode != "detail":
@@ -176,9 +184,21 @@ def _stop_watchdogs(directory: str) -> None:
                 p.kill()
 
 
-def line(label: str, med: float, base: float, unit: str, base_name: str = "untraced") -> str:
-    return (f"{label:<42} {med / base:6.3f}   ({med:9.1f} us vs {base:9.1f} us {base_name}; "
-            f"added {med - base:+8.1f} us per {unit})")
+def paired(blocks: list, kind: str, route: str, base: str) -> tuple[float, list[float]]:
+    """The A/B ratio as a paired design reads it: in each round, each block of `route` over the
+    `base` block beside it (the same processes, moments apart), their median; then the median over
+    rounds. A round's level moves by ±10 % on a shared 2-core machine; a ratio of medians taken
+    over rounds carries that, a paired one does not. Returns (ratio, the rounds' ratios)."""
+    rounds = [statistics.median(a / b for a, b in zip(r[kind][route], r[kind][base])) for r in blocks]
+    return statistics.median(rounds), rounds
+
+
+def line(label: str, med: float, base: float, unit: str, base_name: str = "untraced", ratio=None) -> str:
+    """One A/B figure: the paired ratio (`ratio`: paired()'s), else the ratio of the medians."""
+    r, rounds = ratio if ratio is not None else (med / base, None)
+    spread = f"; rounds {min(rounds):.3f} to {max(rounds):.3f}" if rounds and len(rounds) > 1 else ""
+    return (f"{label:<42} {r:6.3f}   ({med:9.1f} us vs {base:9.1f} us {base_name}; "
+            f"added {med - base:+8.1f} us per {unit}{spread})")
 
 
 def main() -> int:
@@ -193,6 +213,7 @@ def main() -> int:
                     help="trace with COLLTRACE_HOOKS=0 (torch >= 2.14: no c10d hooks, the wrappers alone)")
     args = ap.parse_args()
     res: dict = {}
+    blocks: list = []   # per A/B round: {kind: {route: [per-block median us]}}
     with tempfile.TemporaryDirectory() as tmp:
         script = os.path.join(tmp, "worker.py")
         with open(script, "w") as f:
@@ -201,6 +222,7 @@ def main() -> int:
             for mode in ("ab",) if args.ab_only else ("ab", "untraced", "traced", "flightrec", "detail"):
                 out = run_pair(mode, args, script, os.path.join(tmp, f"trace-{mode}-{rnd}"))
                 if mode == "ab":
+                    blocks.append(out.pop("blocks"))
                     for kind, d in out.items():
                         for m, v in d.items():
                             res.setdefault(("ab", kind, m), []).append(v)
@@ -210,26 +232,25 @@ def main() -> int:
                 print(f"round {rnd + 1}/{args.rounds} {mode:<8} {json.dumps(out)}", flush=True)
     med = {k: statistics.median(v) for k, v in res.items()}
     print(f"\nmedians over {args.rounds} rounds (2 gloo ranks, 1-element all_reduce; DDP step of a 256-512-256 MLP)")
-    print("ratio to untraced:")
-    print(line("in-process A/B, all_reduce traced", med[("ab", "allreduce", "traced")],
-               med[("ab", "allreduce", "untraced")], "collective"))
-    print(line("in-process A/B, DDP step traced", med[("ab", "ddp_step", "traced")],
-               med[("ab", "ddp_step", "untraced")], "step"))
-    pyhooks = ("ab", "allreduce", "pyhooks") in med   # torch >= 2.14 with build-hooks' C++ hooks: traced used them
+    print("ratio to untraced (in-process A/B: paired, each block over the untraced block beside it):")
+
+    def ab(label, kind, route, base="untraced"):
+        unit = "collective" if kind == "allreduce" else "step"
+        print(line(label, med[("ab", kind, route)], med[("ab", kind, base)], unit, base_name=base,
+                   ratio=paired(blocks, kind, route, base)))
+
+    ab("in-process A/B, all_reduce traced", "allreduce", "traced")
+    ab("in-process A/B, DDP step traced", "ddp_step", "traced")
+    pyhooks = ("ab", "allreduce", "pyhooks") in med   # build-hooks' C++ module: traced used it
     if pyhooks:
-        print(line("in-process A/B, all_reduce traced, Python hooks", med[("ab", "allreduce", "pyhooks")],
-                   med[("ab", "allreduce", "untraced")], "collective"))
+        ab("in-process A/B, all_reduce traced, Python route", "allreduce", "pyhooks")
     if ("ab", "allreduce", "floor") in med:   # torch >= 2.14: what c10d spends on Python hooks, and ours beyond it
-        print(line("in-process A/B, all_reduce, c10d Python-hook floor", med[("ab", "allreduce", "floor")],
-                   med[("ab", "allreduce", "untraced")], "collective"))
-        print(line(f"in-process A/B, all_reduce traced{', Python hooks,' if pyhooks else ''} over floor",
-                   med[("ab", "allreduce", "pyhooks" if pyhooks else "traced")],
-                   med[("ab", "allreduce", "floor")], "collective", base_name="floor"))
+        ab("in-process A/B, all_reduce, c10d Python-hook floor", "allreduce", "floor")
+        ab(f"in-process A/B, all_reduce traced{', Python route,' if pyhooks else ''} over floor", "allreduce",
+           "pyhooks" if pyhooks else "traced", base="floor")
     if ("ab", "allreduce", "hook") in med:   # torch >= 2.14
-        print(line("in-process A/B, all_reduce via hook", med[("ab", "allreduce", "hook")],
-                   med[("ab", "allreduce", "untraced")], "collective"))
-        print(line("in-process A/B, DDP step, hooks on", med[("ab", "ddp_step", "hook")],
-                   med[("ab", "ddp_step", "untraced")], "step"))
+        ab("in-process A/B, all_reduce via hook", "allreduce", "hook")
+        ab("in-process A/B, DDP step, hooks on", "ddp_step", "hook")
     if args.ab_only:
         return 0
     print(line("separate processes, all_reduce traced", med[("sep", "allreduce", "traced")],

@@ -59,7 +59,7 @@ static long depth_now(void)
 static PyObject *s_recorder, *s_disabled, *s_local, *s_last_after, *s_compiling_flag,
     *s_p2p_offset, *s_rec_ids, *s_threads, *s_thread_id, *s_stacks, *s_stack_id, *s_ring, *s_mm,
     *s_serial, *s_slots, *s_stack_depth, *s_fail, *s_internal_error, *s_default_pg,
-    *s_shape, *s_dtype, *s_default_pg_field, *s_group, *s_op, *s_async_op, *s_torch_compiler,
+    *s_shape, *s_dtype, *s_is_cuda, *s_torch_cuda, *s_cuda_initialized, *s_default_pg_field, *s_group, *s_op, *s_async_op, *s_torch_compiler,
     *s_name, *s_input_tensors, *s_output_tensors, *s_op_id, *s_work, *s_pending, *s_is_completed;
 
 /* Stacks this path has met, by a hash of (code, instruction offset) per frame: a hit needs no
@@ -73,24 +73,28 @@ typedef struct {
     long long sid;
 } StackEntry;
 
+#define TKEY_LEN 11   /* build-hooks' tensor key: dims, dtype, device type, up to 8 sizes */
+
 /* What a compiled route (a Plan, a hook Gate) takes from the recorder once (recorder.py sets these
  * for its life), and what it remembers of it: the last thread's id and the stacks it has met. */
 typedef struct {
     PyObject *rec;         /* the recorder these belong to (a strong reference) */
     PyObject *local, *stacks, *threads, *rec_ids, *serial, *mm;
     PyObject *compiler;    /* torch.compiler's globals: _is_compiling_flag (set while torch.export traces) */
+    PyObject *cuda;        /* torch.cuda's globals: _initialized (no CUDA tensor exists before it is set) */
     PyObject *rdict;       /* the recorder's instance dict, where its `disabled` is read (NULL: read it as an attribute) */
     long long slots, depth;
     unsigned long m_ident;  /* the last thread and its id in the trace (0: none yet) */
     long long m_tid;
     StackEntry stack_cache[STACK_CACHE];
 } Parts;
-#define PARTS_OBJECTS(X) X(r.rec) X(r.local) X(r.stacks) X(r.threads) X(r.rec_ids) X(r.serial) X(r.mm) X(r.compiler) \
+#define PARTS_OBJECTS(X) X(r.rec) X(r.local) X(r.stacks) X(r.threads) X(r.rec_ids) X(r.serial) X(r.mm) X(r.compiler) X(r.cuda) \
     X(r.rdict)
 
 typedef struct {
     PyObject_HEAD
     PyObject *orig;        /* the torch.distributed function */
+    vectorcallfunc vectorcall;   /* Plan_vectorcall: called without a tuple or dict of its arguments */
     PyObject *slow;        /* the Python wrapper: everything the fast path does not take */
     PyObject *learn;       /* learn(rec, pg, tensor, op, is_async, root, group_root) -> (sig id, Python wrapper's only, gs,
                             * seq_fn, weakref(pg), gid) or None */
@@ -99,8 +103,11 @@ typedef struct {
     PyObject *sigs;        /* (id(pg), shape, dtype, op, async, root, group root) -> what learn said, for `rec` */
     Parts r;               /* the recorder's parts, its thread and stack caches */
     PyObject *world;       /* c10d._world: its default_pg is read on each call */
-    /* the last call's signature and what it learned: a loop makes the same call again */
-    PyObject *m_pg, *m_shape, *m_dtype, *m_op, *m_root, *m_groot, *m_known;
+    /* the last call's signature and what it learned: a loop makes the same call again. Its tensor
+     * as the Python objects the signature is keyed by, or (m_tread) as build-hooks' reader saw it */
+    PyObject *m_pg, *m_shape, *m_dtype, *m_cuda, *m_op, *m_root, *m_groot, *m_known;
+    int m_tread;
+    long long m_tkey[TKEY_LEN];
     Py_ssize_t tensor_pos, group_pos, op_pos, async_pos, root_pos, groot_pos;   /* -1: not a parameter */
     PyObject *tensor_name, *op_default;
     PyObject *root_name, *groot_name;   /* a rooted op's src/dst and group_src/group_dst; NULL: none */
@@ -108,14 +115,25 @@ typedef struct {
     unsigned long long hits;   /* calls this path recorded itself (tests check it is used) */
 } Plan;
 
-static PyObject *arg(PyObject *args, PyObject *kwargs, Py_ssize_t pos, PyObject *name, PyObject *dflt)
+/* a vectorcall's arguments: n positional, then one per keyword named in kwnames */
+typedef struct {
+    PyObject *const *v;
+    Py_ssize_t n;
+    PyObject *kwnames;
+} Args;
+
+static PyObject *arg(const Args *a, Py_ssize_t pos, PyObject *name, PyObject *dflt)
 {   /* borrowed; the parameter by position, else keyword, else its default */
-    if (pos >= 0 && PyTuple_GET_SIZE(args) > pos)
-        return PyTuple_GET_ITEM(args, pos);
-    if (kwargs != NULL && name != NULL && PyDict_GET_SIZE(kwargs) > 0) {
-        PyObject *v = PyDict_GetItemWithError(kwargs, name);
-        if (v != NULL || PyErr_Occurred())
-            return v;
+    if (pos >= 0 && a->n > pos)
+        return a->v[pos];
+    if (a->kwnames != NULL && name != NULL) {
+        Py_ssize_t nk = PyTuple_GET_SIZE(a->kwnames);
+        for (Py_ssize_t i = 0; i < nk; i++)   /* keywords and parameter names are interned: identity first */
+            if (PyTuple_GET_ITEM(a->kwnames, i) == name)
+                return a->v[a->n + i];
+        for (Py_ssize_t i = 0; i < nk; i++)
+            if (PyUnicode_Compare(PyTuple_GET_ITEM(a->kwnames, i), name) == 0)
+                return a->v[a->n + i];
     }
     return dflt;
 }
@@ -201,7 +219,7 @@ typedef struct {
     void *closure;
 } GetterAttr;
 
-static GetterAttr ga_shape, ga_dtype;
+static GetterAttr ga_shape, ga_dtype, ga_is_cuda;
 
 static PyObject *getter_get(GetterAttr *ga, PyObject *obj, PyObject *name)
 {   /* a new reference, as PyObject_GetAttr */
@@ -471,6 +489,8 @@ static void memo_clear(Plan *p)
 {
     Py_CLEAR(p->m_shape);
     Py_CLEAR(p->m_dtype);
+    Py_CLEAR(p->m_cuda);
+    p->m_tread = 0;
     Py_CLEAR(p->m_op);
     Py_CLEAR(p->m_root);
     Py_CLEAR(p->m_groot);
@@ -534,6 +554,11 @@ static int adopt_parts(Parts *r, PyObject *rec)
         Py_XINCREF(cdict);
         Py_XSETREF(r->compiler, cdict);
         Py_XDECREF(compiler);
+        PyObject *cuda = PyImport_GetModule(s_torch_cuda);
+        PyObject *cudict = cuda ? PyModule_GetDict(cuda) : NULL;   /* borrowed */
+        Py_XINCREF(cudict);
+        Py_XSETREF(r->cuda, cudict);
+        Py_XDECREF(cuda);
         Py_XSETREF(r->rdict, instance_dict(rec, s_disabled));
         PyErr_Clear();
         Py_INCREF(rec);
@@ -559,15 +584,15 @@ static int adopt(Plan *p, PyObject *rec)
     return 0;
 }
 
-static PyObject *call_orig(Plan *p, PyObject *args, PyObject *kwargs)
+static PyObject *call_orig(Plan *p, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    return PyObject_Call(p->orig, args, kwargs);
+    return PyObject_Vectorcall(p->orig, args, nargsf, kwnames);
 }
 
-static PyObject *call_slow(Plan *p, PyObject *args, PyObject *kwargs)
+static PyObject *call_slow(Plan *p, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     PyErr_Clear();   /* whatever made the fast path step aside: the Python wrapper judges it */
-    return PyObject_Call(p->slow, args, kwargs);
+    return PyObject_Vectorcall(p->slow, args, nargsf, kwnames);
 }
 
 static int truthy_attr(PyObject *obj, PyObject *name)
@@ -594,11 +619,45 @@ static int rec_disabled(Parts *r, PyObject *rec)
     return truthy_attr(rec, s_disabled);
 }
 
+/* `colltrace build-hooks`' reader of c10d's ProcessGroup counter (use_readers): 1 and *out set,
+ * or 0 where it does not read this object (then Python is asked). NULL: none loaded. */
+typedef int (*SeqReader)(PyObject *, long long *);
+static SeqReader seq_reader = NULL;
+
 /* The backend's counter: type(pg)._get_sequence_number_for_group(pg) (gs.seq_fn), the group
- * held weakly (gs.pg). */
+ * held weakly (gs.pg); read from C++ where build-hooks' reader takes this group. */
 static int read_seq(PyObject *seq_fn, PyObject *pg, long long *out)
 {
+    if (seq_reader != NULL && seq_reader(pg, out) == 1)
+        return 0;
     return as_long(PyObject_CallOneArg(seq_fn, pg), out);
+}
+
+/* build-hooks' reader of a plain torch.Tensor (use_readers): 1 and key set to its dims, dtype,
+ * device type and sizes (TKEY_LEN numbers), or 0 where it does not read this object. NULL: none. */
+typedef int (*TensorReader)(PyObject *, long long *);
+static TensorReader tensor_reader = NULL;
+
+/* use_readers(seq, tensor): build-hooks' readers from its module's capsules; None leaves that one to Python */
+static int reader_from(PyObject *capsule, const char *name, void **out)
+{
+    void *fn = capsule == Py_None ? NULL : PyCapsule_GetPointer(capsule, name);
+    if (fn == NULL && capsule != Py_None)
+        return -1;
+    *out = fn;
+    return 0;
+}
+
+static PyObject *use_readers(PyObject *self, PyObject *args)
+{
+    PyObject *seq, *tensor;
+    void *s, *t;
+    if (!PyArg_ParseTuple(args, "OO:use_readers", &seq, &tensor) || reader_from(seq, "colltrace_hooks.seq_reader", &s) < 0
+            || reader_from(tensor, "colltrace_hooks.tensor_reader", &t) < 0)
+        return NULL;
+    seq_reader = (SeqReader)s;
+    tensor_reader = (TensorReader)t;
+    Py_RETURN_NONE;
 }
 
 static void report(PyObject *rec)
@@ -624,6 +683,23 @@ static int same_shape(PyObject *a, PyObject *b)
     if (eq < 0)
         PyErr_Clear();
     return eq > 0;
+}
+
+/* A tensor as the signature is keyed by: its shape, dtype and is_cuda (new references). is_cuda is
+ * part of the key: a CUDA tensor's calls are the Python wrapper's (an event marks them complete),
+ * and the same group may also see a CPU tensor of the same shape and dtype (gloo takes both).
+ * Until torch.cuda is initialized no CUDA tensor exists: False then, without torch's getter. */
+static int describe_tensor(Parts *r, PyObject *tensor, PyObject **shape, PyObject **dtype, PyObject **cuda)
+{
+    if ((*shape = getter_get(&ga_shape, tensor, s_shape)) == NULL || (*dtype = getter_get(&ga_dtype, tensor, s_dtype)) == NULL)
+        return -1;
+    PyObject *initialized = r->cuda != NULL ? PyDict_GetItemWithError(r->cuda, s_cuda_initialized) : NULL;   /* borrowed */
+    if (initialized == Py_False) {
+        *cuda = Py_NewRef(Py_False);
+        return 0;
+    }
+    PyErr_Clear();
+    return (*cuda = getter_get(&ga_is_cuda, tensor, s_is_cuda)) == NULL ? -1 : 0;
 }
 
 /* ---- c10d's per-group hooks (torch >= 2.14): the hook route's common case ----------------------
@@ -1081,12 +1157,15 @@ static PyTypeObject GateType = {
 
 enum route { ORIG, SLOW };
 
-static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
+static PyObject *Plan_vectorcall(Plan *p, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
+    const Args a = {args, PyVectorcall_NARGS(nargsf), kwnames};
     enum route route = SLOW;
     PyObject *result = NULL;
     int called = 0;   /* the original ran under the compiled path: its result (or exception) stands */
-    PyObject *pg = NULL, *shape = NULL, *dtype = NULL, *skey = NULL, *last_obj = NULL, *held = NULL;
+    PyObject *pg = NULL, *shape = NULL, *dtype = NULL, *cuda = NULL, *skey = NULL, *last_obj = NULL, *held = NULL;
+    long long tkey[TKEY_LEN];
+    int tread = 0;   /* the tensor read by build-hooks' reader into tkey: no Python objects made for it */
     PyObject *rec = PyDict_GetItemWithError(p->shim, s_recorder);   /* borrowed */
     if (rec == NULL || rec == Py_None) {
         route = ORIG;
@@ -1110,7 +1189,7 @@ static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
     }
 
     /* the group: a group colltrace has not described yet goes the slow way */
-    PyObject *group = arg(args, kwargs, p->group_pos, p->group_pos >= 0 ? s_group : NULL, Py_None);
+    PyObject *group = arg(&a, p->group_pos, p->group_pos >= 0 ? s_group : NULL, Py_None);
     if (group == NULL)
         goto out;
     if (group == Py_None) {
@@ -1129,40 +1208,45 @@ static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
         pg = group;
         Py_INCREF(pg);
     }
-    PyObject *async_op = arg(args, kwargs, p->async_pos, p->async_pos >= 0 ? s_async_op : NULL, Py_False);
+    PyObject *async_op = arg(&a, p->async_pos, p->async_pos >= 0 ? s_async_op : NULL, Py_False);
     if (async_op == NULL || PyObject_IsTrue(async_op) != 0)
         goto out;   /* async work: its completion is polled, the Python wrapper's job */
 
     /* what is passed: one tensor (or none, for a barrier); its signature as the Python wrapper interned it */
     PyObject *tensor = Py_None;
     if (p->has_tensor) {
-        tensor = arg(args, kwargs, p->tensor_pos, p->tensor_name, Py_None);
+        tensor = arg(&a, p->tensor_pos, p->tensor_name, Py_None);
         if (tensor == NULL || tensor == Py_None || PyList_Check(tensor) || PyTuple_Check(tensor))
             goto out;
-        if ((shape = getter_get(&ga_shape, tensor, s_shape)) == NULL || (dtype = getter_get(&ga_dtype, tensor, s_dtype)) == NULL)
+        tread = tensor_reader != NULL && tensor_reader(tensor, tkey) == 1;
+        if (!tread && describe_tensor(&p->r, tensor, &shape, &dtype, &cuda) < 0)
             goto out;
     }
-    PyObject *op = p->reducing ? arg(args, kwargs, p->op_pos, s_op, p->op_default) : Py_None;
+    PyObject *op = p->reducing ? arg(&a, p->op_pos, s_op, p->op_default) : Py_None;
     if (op == NULL)
         goto out;
     /* a rooted op's root as given (a global rank, or a group rank): learn() turns it into the record's */
     PyObject *root = Py_None, *groot = Py_None;
-    if (p->root_name != NULL && (root = arg(args, kwargs, p->root_pos, p->root_name, Py_None)) == NULL)
+    if (p->root_name != NULL && (root = arg(&a, p->root_pos, p->root_name, Py_None)) == NULL)
         goto out;
-    if (p->groot_name != NULL && (groot = arg(args, kwargs, p->groot_pos, p->groot_name, Py_None)) == NULL)
+    if (p->groot_name != NULL && (groot = arg(&a, p->groot_pos, p->groot_name, Py_None)) == NULL)
         goto out;
     PyObject *known;   /* borrowed */
-    if (p->m_known != NULL && pg == p->m_pg && dtype == p->m_dtype && op == p->m_op && root == p->m_root
-            && groot == p->m_groot && same_shape(shape, p->m_shape)) {
+    if (p->m_known != NULL && pg == p->m_pg && op == p->m_op && root == p->m_root && groot == p->m_groot
+            && (tread ? p->m_tread && memcmp(tkey, p->m_tkey, sizeof(tkey)) == 0
+                      : !p->m_tread && dtype == p->m_dtype && cuda == p->m_cuda && same_shape(shape, p->m_shape))) {
         known = p->m_known;   /* the last call's again */
         goto learned;
     }
+    /* not the last call's: the signature is keyed by the tensor's Python objects, however it was read */
+    if (tread && describe_tensor(&p->r, tensor, &shape, &dtype, &cuda) < 0)
+        goto out;
     /* the default op by identity: hashing a pybind enum calls back into Python */
     PyObject *gkey = PyLong_FromVoidPtr(pg);   /* by id: a key must not keep a destroyed group alive */
     if (gkey == NULL)
         goto out;
-    skey = PyTuple_Pack(7, gkey, shape ? shape : Py_None, dtype ? dtype : Py_None, op == p->op_default ? Py_None : op,
-                        Py_False, root, groot);
+    skey = PyTuple_Pack(8, gkey, shape ? shape : Py_None, dtype ? dtype : Py_None, op == p->op_default ? Py_None : op,
+                        Py_False, root, groot, cuda ? cuda : Py_None);
     Py_DECREF(gkey);
     if (skey == NULL)
         goto out;
@@ -1188,6 +1272,11 @@ static PyObject *Plan_call(Plan *p, PyObject *args, PyObject *kwargs)
     Py_XSETREF(p->m_shape, shape);
     Py_XINCREF(dtype);
     Py_XSETREF(p->m_dtype, dtype);
+    Py_XINCREF(cuda);
+    Py_XSETREF(p->m_cuda, cuda);
+    p->m_tread = tread;
+    if (tread)
+        memcpy(p->m_tkey, tkey, sizeof(tkey));
     Py_INCREF(op);
     Py_XSETREF(p->m_op, op);
     Py_INCREF(root);
@@ -1254,7 +1343,7 @@ learned:
     p->hits++;
     called = 1;
     tl_depth = 1;
-    result = call_orig(p, args, kwargs);
+    result = call_orig(p, args, nargsf, kwnames);
     tl_depth = 0;
     PyObject *exc_type, *exc_value, *exc_tb;
     PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
@@ -1288,19 +1377,20 @@ out:
     Py_XDECREF(skey);
     Py_XDECREF(shape);
     Py_XDECREF(dtype);
+    Py_XDECREF(cuda);
     Py_XDECREF(pg);
     if (called)
         return result;
     if (route == ORIG) {
         PyErr_Clear();
-        return call_orig(p, args, kwargs);
+        return call_orig(p, args, nargsf, kwnames);
     }
-    return call_slow(p, args, kwargs);
+    return call_slow(p, args, nargsf, kwnames);
 }
 
 /* every object a Plan holds, named once for the garbage collector's two walks */
 #define PLAN_OBJECTS(X) X(orig) X(slow) X(learn) X(shim) X(non_member) X(sigs) PARTS_OBJECTS(X) X(world) X(tensor_name) X(op_default) \
-    X(root_name) X(groot_name) X(m_shape) X(m_dtype) X(m_op) X(m_root) X(m_groot) X(m_known)
+    X(root_name) X(groot_name) X(m_shape) X(m_dtype) X(m_cuda) X(m_op) X(m_root) X(m_groot) X(m_known)
 
 static int Plan_traverse(Plan *p, visitproc visit, void *arg)
 {
@@ -1364,6 +1454,7 @@ static int Plan_init(Plan *p, PyObject *args, PyObject *kwds)
     p->has_tensor = has_tensor;
     p->reducing = reducing;
     p->one_step = one_step;
+    p->vectorcall = (vectorcallfunc)Plan_vectorcall;
     return 0;
 }
 
@@ -1377,13 +1468,14 @@ static PyTypeObject PlanType = {
     .tp_name = "colltrace.rank._fastpath.Plan",
     .tp_doc = "One wrapped collective's compiled hot path.",
     .tp_basicsize = sizeof(Plan),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(Plan, vectorcall),
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Plan_init,
     .tp_dealloc = (destructor)Plan_dealloc,
     .tp_traverse = (traverseproc)Plan_traverse,
     .tp_clear = (inquiry)Plan_clear,
-    .tp_call = (ternaryfunc)Plan_call,
+    .tp_call = PyVectorcall_Call,
     .tp_members = Plan_members,
 };
 
@@ -1458,6 +1550,8 @@ static PyObject *hook_hits_fn(PyObject *self, PyObject *unused)
 static PyMethodDef module_methods[] = {
     {"hook_hits", hook_hits_fn, METH_NOARGS, "ops the compiled pre-hook recorded itself"},
     {"drain", drain, METH_VARARGS, "Recorder._drain_pending's loop: COMPLETE slots for the finished waitables"},
+    {"use_readers", use_readers, METH_VARARGS, "read group counters and plain tensors through build-hooks' readers "
+                                                "(their capsules; None: Python)"},
     {NULL}
 };
 
@@ -1475,7 +1569,8 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     INTERN(s_stacks, "_stacks"); INTERN(s_stack_id, "stack_id"); INTERN(s_ring, "ring"); INTERN(s_mm, "_mm");
     INTERN(s_serial, "_serial"); INTERN(s_slots, "slots");
     INTERN(s_stack_depth, "_depth"); INTERN(s_fail, "fail"); INTERN(s_internal_error, "internal_error");
-    INTERN(s_default_pg, "default_pg"); INTERN(s_shape, "shape"); INTERN(s_dtype, "dtype"); INTERN(s_default_pg_field, "_default_pg");
+    INTERN(s_default_pg, "default_pg"); INTERN(s_shape, "shape"); INTERN(s_dtype, "dtype"); INTERN(s_is_cuda, "is_cuda"); INTERN(s_torch_cuda, "torch.cuda");
+    INTERN(s_cuda_initialized, "_initialized"); INTERN(s_default_pg_field, "_default_pg");
     INTERN(s_group, "group"); INTERN(s_op, "op"); INTERN(s_async_op, "async_op");
     INTERN(s_name, "name"); INTERN(s_input_tensors, "input_tensors"); INTERN(s_output_tensors, "output_tensors");
     INTERN(s_op_id, "op_id"); INTERN(s_work, "work"); INTERN(s_pending, "_pending"); INTERN(s_is_completed, "is_completed");

@@ -66,6 +66,15 @@ def drainer(settings):
     return _fastpath.drain
 
 
+def use_readers(module) -> None:
+    """Group counters and plain tensors read through `colltrace build-hooks`' C++ readers (a virtual
+    call, where pybind's dispatch costs ~1,300 instructions per traced collective; the sizes, where
+    torch's getters make a torch.Size, ~700), where both are built. None: through Python again."""
+    use = getattr(_fastpath, "use_readers", None)
+    if use is not None:
+        use(getattr(module, "seq_reader", None), getattr(module, "tensor_reader", None))
+
+
 def hook_local():
     """hooks.py's per-thread open op where the compiled path is built: a C thread-local the compiled
     hook case (hook_gates) and the Python hooks share; else None (a threading.local)."""

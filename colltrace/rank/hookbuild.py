@@ -1,12 +1,14 @@
-"""colltrace's c10d hooks in C++ (_hooks.cpp, torch >= 2.14): built against this environment's torch
-by `colltrace build-hooks`, found and loaded by the ranks.
+"""colltrace's C++ module (_hooks.cpp): its c10d hooks (torch >= 2.14) and its reader of a group's
+collective counter (every torch), built against this environment's torch by `colltrace build-hooks`,
+found and loaded by the ranks.
 
 The build cannot happen at `pip install` (pip's build isolation brings a torch of its own) nor inside
 a rank (a compile at job start changes the job's timing), so it is a command of its own, run once
 per environment (the Docker image runs it). A build is loaded only into the torch and Python it was
 built for: its folder is named by a key of torch's version and git revision, its C++ ABI, the
 interpreter's tag and the source's digest. Where there is none, the ranks register the same gates
-as Python hooks (hooks.attach): the same records, at c10d's Python-hook toll per collective.
+as Python hooks (hooks.attach) and read the counter through pybind: the same records, at c10d's
+Python-hook toll and pybind's dispatch per collective.
 """
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ def built(root: Path = ROOT) -> Path | None:
 
 
 def load():
-    """The built module for this torch and Python, or None (none built; torch < 2.14). Raises what
+    """The built module for this torch and Python, or None (none built). Raises what
     loading a build that exists raised. Called once per process (hooks._compiled_hooks keeps the
     answer, and says a failure once)."""
     path = built()
@@ -62,8 +64,15 @@ def load():
     return module
 
 
+def available() -> bool:
+    """Whether this torch has c10d to build against (its counter reader)."""
+    import torch.distributed as dist
+
+    return dist.is_available() and getattr(dist, "ProcessGroup", None) is not None
+
+
 def supported() -> bool:
-    """Whether this torch has c10d's collective hooks to build against."""
+    """Whether this torch has c10d's collective hooks (2.14) for the build to register from C++."""
     import torch.distributed as dist
 
     return callable(getattr(getattr(dist, "ProcessGroup", None), "register_pre_hook", None))
@@ -103,7 +112,8 @@ def _build(root: Path, verbose: bool) -> Path:
         except RuntimeError:
             raise RuntimeError("building needs ninja: pip install ninja") from None
         try:
-            cpp_extension.load(NAME, sources=[str(SOURCE)], build_directory=str(work), extra_cflags=["-O2"],
+            cpp_extension.load(NAME, sources=[str(SOURCE)], build_directory=str(work),
+                               extra_cflags=["-O2"] + (["-DCOLLTRACE_C10D_HOOKS"] if supported() else []),
                                verbose=verbose)
         except Exception as exc:   # ninja's log is in exc: the compiler's first complaint is the line to show
             raise RuntimeError(f"the compile failed: {_cause(str(exc))} "
@@ -117,10 +127,10 @@ def _build(root: Path, verbose: bool) -> Path:
             check = subprocess.run([sys.executable, "-c", _SELFTEST, str(lib)], capture_output=True, text=True,
                                    check=False, timeout=120, env={**os.environ, "COLLTRACE": "0"})
         except subprocess.TimeoutExpired:
-            raise RuntimeError("the built hooks' check did not end within 120 s") from None
+            raise RuntimeError("the built module's check did not end within 120 s") from None
         if check.returncode != 0 or check.stdout.strip() != "ok":
             said = (check.stderr.strip().splitlines() or [check.stdout.strip() or f"exit {check.returncode}"])[-1]
-            raise RuntimeError(f"the built hooks failed their check: {said}")
+            raise RuntimeError(f"the built module failed its check: {said}")
         staged = work / "ready"
         staged.mkdir()
         shutil.copy2(lib, library(staged))
@@ -163,8 +173,10 @@ def _ninja_dir() -> str | None:
         return here if os.path.exists(os.path.join(here, "ninja")) else None
 
 
-# Run in a process of its own on a fresh build: a world of 1, one all_reduce issued where no wrapper
-# records (both hooks fire, with c10d's arguments), then one with the depth set (neither fires).
+# Run in a process of its own on a fresh build: a world of 1. The counter as read from C++ is the one
+# pybind reads, before and after collectives, and other objects are left to Python. Where the build has
+# hooks: one all_reduce issued where no wrapper records (both hooks fire, with c10d's arguments), then
+# one with the depth set (neither fires).
 _SELFTEST = textwrap.dedent("""
     import importlib.util, sys
     import torch, torch.distributed as dist
@@ -172,18 +184,33 @@ _SELFTEST = textwrap.dedent("""
     spec = importlib.util.spec_from_file_location("colltrace_hooks", sys.argv[1])
     mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    seen = []
-    def pre(a): seen.append(("pre", str(a.name), len(a.input_tensors), a.op_id))
-    def post(a): seen.append(("post", str(a.name), a.op_id))
-    mod.attach(dist.group.WORLD, 7, pre, post, lambda exc: seen.append(("error", repr(exc))))
-    x = torch.ones(3)
-    dist.group.WORLD.allreduce([x]).wait()
-    _fastpath.Local().depth = 1
-    dist.group.WORLD.allreduce([x]).wait()
-    _fastpath.Local().depth = 0
-    assert len(seen) == 2 and seen[0][0] == "pre" and "ALLREDUCE" in seen[0][1] and seen[0][2] == 1, seen
-    assert seen[1][0] == "post" and seen[1][2] == seen[0][3], seen
-    dist.group.WORLD.unregister_pre_hook(7); dist.group.WORLD.unregister_post_hook(7)
+    pg, x = dist.group.WORLD, torch.ones(3)
+    for n in range(3):
+        assert mod.read_seq(pg) == pg._get_sequence_number_for_group(), (n, mod.read_seq(pg))
+        dist.all_reduce(x)
+    sub = dist.new_group([0])
+    dist.barrier(group=sub)
+    assert mod.read_seq(sub) == sub._get_sequence_number_for_group() != mod.read_seq(pg), mod.read_seq(sub)
+    assert mod.read_seq(object()) is None and mod.read_seq(None) is None
+    # the tensor key: dims, c10's ScalarType (Char 1, Float 6, Double 7), device type (CPU 0), sizes;
+    # a subclass or a non-tensor is left to Python
+    key = mod.read_tensor(torch.zeros(2, 3, dtype=torch.float64))
+    assert key[:5] == [2, 7, 0, 2, 3] and sum(key[5:]) == 0, key
+    assert mod.read_tensor(torch.ones(()))[:3] == [0, 6, 0] and mod.read_tensor(torch.ones(1, dtype=torch.int8))[1] == 1
+    assert mod.read_tensor(torch.nn.Parameter(torch.ones(1))) is None and mod.read_tensor([1]) is None
+    assert mod.read_tensor(torch.ones([1] * 9)) is None
+    if hasattr(mod, "attach"):
+        seen = []
+        def pre(a): seen.append(("pre", str(a.name), len(a.input_tensors), a.op_id))
+        def post(a): seen.append(("post", str(a.name), a.op_id))
+        mod.attach(pg, 7, pre, post, lambda exc: seen.append(("error", repr(exc))))
+        pg.allreduce([x]).wait()
+        _fastpath.Local().depth = 1
+        pg.allreduce([x]).wait()
+        _fastpath.Local().depth = 0
+        assert len(seen) == 2 and seen[0][0] == "pre" and "ALLREDUCE" in seen[0][1] and seen[0][2] == 1, seen
+        assert seen[1][0] == "post" and seen[1][2] == seen[0][3], seen
+        pg.unregister_pre_hook(7); pg.unregister_post_hook(7)
     dist.destroy_process_group()
     print("ok")
 """)

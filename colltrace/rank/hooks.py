@@ -123,13 +123,14 @@ def attach(pg, shim) -> bool:
         return False
 
 
-_compiled: list = []   # [the built C++ hooks module or None], decided once per process
+_compiled: list = []   # [the built C++ module or None], decided once per process
 
 
 def _compiled_hooks(shim, settings):
     """`colltrace build-hooks`' module where one was built for this torch and Python and the
     settings allow it (not COLLTRACE_HOOKS=python); else None: the gates are registered as Python
-    hooks. A build that exists but does not load is said once."""
+    hooks and counters read through pybind. Loading it points _fastpath at its counter reader. A
+    build that exists but does not load is said once."""
     if settings is None or not getattr(settings, "hooks_compiled", True):
         return None
     if not _compiled:
@@ -138,14 +139,30 @@ def _compiled_hooks(shim, settings):
             from colltrace.rank import hookbuild
 
             module = hookbuild.load()
+            if module is not None:
+                fastpath.use_readers(module)
         except Exception as exc:
+            module = None
             _report_once(shim, exc)
         _compiled.append(module)
     return _compiled[0]
 
 
+def load_compiled(shim) -> None:
+    """On any torch, where the compiled path is in use: load build-hooks' module once (its counter
+    reader serves the compiled path from then on). Called as a group is first described. Never raises."""
+    try:
+        settings = _settings(shim)
+        if fastpath.available() and settings is not None and not getattr(settings, "pure", False) \
+                and type(shim) is type(sys):
+            _compiled_hooks(shim, settings)
+    except Exception as exc:
+        _report(shim, exc)
+
+
 def compiled_in_use() -> bool:
-    """Whether this process loaded the C++ hooks (`colltrace build-hooks`) for its groups."""
+    """Whether this process loaded `colltrace build-hooks`' module (its hooks where torch has them,
+    its counter reader)."""
     return bool(_compiled and _compiled[0] is not None)
 
 
@@ -155,11 +172,16 @@ def _report_once(shim, exc) -> None:
         return
     _said.append(exc)
     rank = getattr(shim.recorder, "rank", "?")
-    sys.stderr.write(f"colltrace: rank {rank}: the compiled c10d hooks cannot be used ({exc!r}); "
-                     "using the Python hooks (the same records; run `colltrace build-hooks` again)\n")
+    sys.stderr.write(f"colltrace: rank {rank}: the module `colltrace build-hooks` built cannot be used ({exc!r}); "
+                     "using the Python route (the same records; run `colltrace build-hooks` again)\n")
 
 
 _said: list = []
+
+
+def _settings(shim):
+    state = getattr(shim, "_state", None)
+    return state.get("settings") if isinstance(state, dict) else None
 
 
 def _kinds(shim):
@@ -167,7 +189,7 @@ def _kinds(shim):
     from the name and the inputs' count), 2 takes it with the outputs' count too, 0 leaves it to the
     Python hook (a root, a peer, a name it does not know). None where the compiled case is not used:
     no compiled path, COLLTRACE_PURE=1, a shim that is no module (tests)."""
-    settings = getattr(shim, "_state", {}).get("settings") if isinstance(getattr(shim, "_state", None), dict) else None
+    settings = _settings(shim)
     if not fastpath.available() or settings is None or getattr(settings, "pure", False) or type(shim) is not type(sys):
         return None
     if not _kinds_table:

@@ -166,6 +166,7 @@ def _group_attr(pg, attr: str) -> str:
 
 
 def _describe_group(pg):
+    hooks.load_compiled(sys.modules[__name__])   # build-hooks' module (its counter reader) where built
     hooks.attach(pg, sys.modules[__name__])   # torch >= 2.14: the native route for what no wrapper sees
     c10d = _c10d
     ranks = list(c10d.get_process_group_ranks(pg))
@@ -201,6 +202,48 @@ def _given_root(gs, r, gr):
     """A rooted op's root as the record has it: src/dst as passed, else group_src/group_dst as a
     global rank, else -1."""
     return r if r is not None else _to_global(gs, gr) if gr is not None else -1
+
+
+# The compiled path's Python face: a function of the original's own parameters (no *args tuple or
+# **kwargs dict to build) that hands them on to the Plan as they stand. A Python function, not the
+# Plan itself, so that Dynamo traces it (and folds the test to True) rather than breaking the graph
+# on a C callable. Compiled under this file's name, its lines these: a traceback through it reads
+# them, and hooks._user_frame knows its frames for colltrace's.
+_FORWARDER_LINE = sys._getframe().f_lineno + 1
+_FORWARDER = """def _factory(_ct_orig, _ct_plan, {defaults}):
+    def {name}({params}):
+        if _is_dynamo_compiling():   # Dynamo traces this function: the compiled path stays out of its way
+            return _ct_orig({call})
+        return _ct_plan({call})
+    return {name}
+"""
+
+
+def _forwarder(name, orig, sig, plan):
+    """The function above for `orig`'s signature, or None where one cannot be written for it
+    (*args, **kwargs, a name the template uses): the *args form then."""
+    params = list(sig.parameters.values())
+    if not name.isidentifier() or any(
+            p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name.startswith("_ct_") or p.name == "_is_dynamo_compiling"
+            or (p.default is not p.empty and p.name.startswith("_d")) for p in params):
+        return None
+    heads, call, defaults = [], [], {}
+    for i, p in enumerate(params):
+        if p.kind is p.KEYWORD_ONLY and "*" not in heads:
+            heads.append("*")
+        heads.append(p.name if p.default is p.empty else f"{p.name}=_d{i}")
+        if p.default is not p.empty:
+            defaults[f"_d{i}"] = p.default
+        if p.kind is p.POSITIONAL_ONLY and (i + 1 == len(params) or params[i + 1].kind is not p.POSITIONAL_ONLY):
+            heads.append("/")
+        call.append(f"{p.name}={p.name}" if p.kind is p.KEYWORD_ONLY else p.name)
+    src = _FORWARDER.format(name=name, params=", ".join(heads), call=", ".join(call),
+                            defaults=", ".join(defaults) or "_d=None")
+    ns = {}
+    exec(compile("\n" * (_FORWARDER_LINE - 1) + src, __file__, "exec"), globals(), ns)
+    fwd = ns["_factory"](orig, plan, **defaults)
+    fwd.__qualname__ = getattr(orig, "__qualname__", name)   # a bad call's TypeError names it as the original's does
+    return fwd
 
 
 def _make_c10d_wrapper(name, orig):
@@ -335,12 +378,13 @@ def _make_c10d_wrapper(name, orig):
     if plan is None:
         return wrapper
 
-    @functools.wraps(orig)
-    def fast(*args, **kwargs):
-        if _is_dynamo_compiling():   # Dynamo traces this function: the compiled path stays out of its way
-            return orig(*args, **kwargs)
-        return plan(*args, **kwargs)
-
+    fast = _forwarder(name, orig, sig, plan)
+    if fast is None:
+        def fast(*args, **kwargs):
+            if _is_dynamo_compiling():   # Dynamo traces this function: the compiled path stays out of its way
+                return orig(*args, **kwargs)
+            return plan(*args, **kwargs)
+    fast = functools.wraps(orig)(fast)
     fast.__colltrace_original__ = orig
     fast.__colltrace_plan__ = plan   # its `hits`: calls the compiled path recorded itself
     return fast

@@ -1,6 +1,6 @@
 """`colltrace build-hooks` and what the ranks do with its build (colltrace/rank/hookbuild.py): a build
 is used only by the torch, Python and source it was made for; one that will not load is said once
-and the Python hooks take over; the command's every outcome is one line and an exit code."""
+and the Python route takes over; the command's every outcome is one line and an exit code."""
 from __future__ import annotations
 
 import types
@@ -26,7 +26,7 @@ def test_a_build_is_found_only_for_the_torch_and_source_it_was_made_for(tmp_path
     assert hookbuild.built(tmp_path) is None
 
 
-def test_a_build_that_does_not_load_is_said_once_and_the_python_hooks_are_used(monkeypatch, capsys):
+def test_a_build_that_does_not_load_is_said_once_and_the_python_route_is_used(monkeypatch, capsys):
     def broken():
         raise ImportError("undefined symbol: _ZN4c10d12ProcessGroup")
 
@@ -38,7 +38,7 @@ def test_a_build_that_does_not_load_is_said_once_and_the_python_hooks_are_used(m
     assert hooks._compiled_hooks(shim, settings) is None
     assert hooks._compiled_hooks(shim, settings) is None
     said = [l for l in capsys.readouterr().err.splitlines() if l]
-    assert len(said) == 1 and "rank 3" in said[0] and "undefined symbol" in said[0] and "Python hooks" in said[0]
+    assert len(said) == 1 and "rank 3" in said[0] and "undefined symbol" in said[0] and "Python route" in said[0]
 
 
 @pytest.mark.parametrize("value, hooks_on, compiled, warned", [
@@ -55,8 +55,9 @@ def test_colltrace_hooks_python_keeps_to_the_python_hooks(value, hooks_on, compi
         assert hooks._compiled_hooks(types.SimpleNamespace(recorder=None), s) is None
 
 
-def build_hooks(capsys, monkeypatch, supported=True, built=None, build=None):
+def build_hooks(capsys, monkeypatch, supported=True, built=None, build=None, distributed=True):
     monkeypatch.setattr(hookbuild, "supported", lambda: supported)
+    monkeypatch.setattr(hookbuild, "available", lambda: distributed)
     monkeypatch.setattr(hookbuild, "built", lambda: built)
     monkeypatch.setattr(fastpath, "available", lambda: True)
     monkeypatch.setattr(hookbuild, "build", build or (lambda verbose: pytest.fail("nothing should be compiled")))
@@ -64,9 +65,16 @@ def build_hooks(capsys, monkeypatch, supported=True, built=None, build=None):
     return rc, [l for l in capsys.readouterr().err.splitlines() if l]
 
 
-def test_build_hooks_on_a_torch_without_hooks_says_there_is_nothing_to_build(capsys, monkeypatch):
-    rc, said = build_hooks(capsys, monkeypatch, supported=False)
-    assert rc == 0 and len(said) == 1 and "nothing to build" in said[0] and torch.__version__ in said[0]
+def test_build_hooks_on_a_torch_without_distributed_is_one_line_and_exit_2(capsys, monkeypatch):
+    rc, said = build_hooks(capsys, monkeypatch, distributed=False)
+    assert rc == 2 and len(said) == 1 and "without torch.distributed" in said[0] and torch.__version__ in said[0]
+
+
+@pytest.mark.parametrize("supported, what", [(False, "the counter reader for"), (True, "the counter reader and c10d hooks")])
+def test_build_hooks_says_what_it_compiles_for_this_torch(supported, what, capsys, monkeypatch, tmp_path):
+    # torch < 2.14 has no c10d hooks: the counter reader alone is built, and used
+    rc, said = build_hooks(capsys, monkeypatch, supported=supported, build=lambda verbose: tmp_path / "m.so")
+    assert rc == 0 and what in said[0] and said[1] == f"colltrace: built {tmp_path / 'm.so'}"
 
 
 def test_build_hooks_where_a_build_exists_compiles_nothing(capsys, monkeypatch, tmp_path):

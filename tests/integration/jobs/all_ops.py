@@ -64,5 +64,7 @@ print("COUNTS " + json.dumps({"rank": rank, "counts": counts, "world_name": str(
 dist.destroy_process_group()
 plan = getattr(dist.all_reduce, "__colltrace_plan__", None)   # colltrace's compiled hot path, if it is on
 rooted = [getattr(getattr(dist, n), "__colltrace_plan__", None) for n in ("broadcast", "reduce", "gather", "scatter")]
+compiled = sys.modules.get("colltrace.rank.hooks")   # build-hooks' module: loaded where built and allowed
 print("FASTPATH " + json.dumps({"hits": plan.hits if plan is not None else None,
-                                "rooted": [p.hits if p is not None else None for p in rooted]}))
+                                "rooted": [p.hits if p is not None else None for p in rooted],
+                                "compiled": compiled.compiled_in_use() if compiled is not None else None}))
