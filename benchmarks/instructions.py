@@ -15,7 +15,7 @@ route for what no wrapper sees) and hooks-floor (untraced, with a builtin regist
 hooks: what c10d itself spends on every collective of a group that has hooks, which a traced call
 pays too where its hooks are Python ones; traced-pyhooks minus hooks-floor is colltrace's own share)
 and traced-nohooks (COLLTRACE_HOOKS=0: the wrappers alone, as on 2.13); on any torch where
-`colltrace build-hooks` built its C++ module (which traced and hooks use: its counter reader, and
+`colltrace build-hooks` built its C++ module (which traced and hooks use: its counter and tensor readers, and
 its c10d hooks on torch >= 2.14), traced-pyhooks (COLLTRACE_HOOKS=python: the Python route, hooks
 registered from Python and counters read through pybind); by name only, hooks-floor-cxx (torch >= 2.14; it first builds a
 torch C++ extension, so it needs a compiler and ninja): the same floor for no-op hooks registered
@@ -152,7 +152,7 @@ def modes() -> tuple[str, ...]:
 
     if hooks.supported(dist.ProcessGroup):
         return MODES + HOOK_MODES + OPT_IN
-    # torch < 2.14: where build-hooks built its counter reader, traced uses it and traced-pyhooks does not
+    # torch < 2.14: where build-hooks built its readers, traced uses them and traced-pyhooks does not
     return MODES + (("traced-pyhooks",) if compiled_hooks() else ())
 
 
@@ -182,7 +182,7 @@ def report(figures: dict[str, float], workload: str = "allreduce") -> str:
         v = figures[mode]
         lines.append(f"  {mode:<13} {v:12,.0f}   ({v / base:6.3f}x, {v - base:+10,.0f} beyond untraced)")
     compiled = compiled_hooks()
-    lines.append(f"  traced used {'the C++ module `colltrace build-hooks` built (counter reader' + (', c10d hooks)' if hooks_here() else ')') if compiled else 'the Python route (no build-hooks build for this torch)'}")
+    lines.append(f"  traced used {'the C++ module `colltrace build-hooks` built (counter and tensor readers' + (', c10d hooks)' if hooks_here() else ')') if compiled else 'the Python route (no build-hooks build for this torch)'}")
     # c10d's toll for Python hooks (hooks-floor) is paid by the traced call that registers its hooks from Python
     py = "traced-pyhooks" if "traced-pyhooks" in figures else "traced" if not compiled else None
     if py in figures and "hooks-floor" in figures:
@@ -195,7 +195,7 @@ def report(figures: dict[str, float], workload: str = "allreduce") -> str:
 
 def compiled_hooks() -> bool:
     """Whether `colltrace build-hooks` built its C++ module for this torch: the traced modes use it
-    (its counter reader; on torch >= 2.14 its c10d hooks too), traced-pyhooks does not."""
+    (its readers; on torch >= 2.14 its c10d hooks too), traced-pyhooks does not."""
     from colltrace.rank import hookbuild
 
     return hookbuild.built() is not None

@@ -13,7 +13,7 @@ Two gloo ranks on this machine, measured three ways:
    them off; and a fourth, "floor": untraced with a builtin registered as both c10d hooks,
    what c10d itself spends on a group that has Python hooks, so that traced/floor is colltrace's
    own share in wall clock too. Where `colltrace build-hooks` built its C++ module (any torch),
-   "traced" uses it (its counter reader; on torch >= 2.14 its c10d hooks) and another route,
+   "traced" uses it (its counter and tensor readers; on torch >= 2.14 its c10d hooks) and another route,
    "pyhooks", is the Python route a rank takes without the build: counters read through pybind,
    hooks registered from Python; the floor then compares with that one.
 2. Separate processes: untraced, traced (COLLTRACE=1 path, everything on), PyTorch's Flight

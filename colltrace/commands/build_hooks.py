@@ -1,6 +1,6 @@
 """`colltrace build-hooks`: compile colltrace's C++ module against this environment's torch, once per
-venv or image, so that a traced collective reads its group's counter without pybind's dispatch and,
-on torch >= 2.14, no longer pays c10d's Python-hook toll."""
+venv or image, so that a traced collective reads its group's counter and its tensor without torch's
+Python bindings and, on torch >= 2.14, no longer pays c10d's Python-hook toll."""
 from __future__ import annotations
 
 import sys
@@ -9,8 +9,8 @@ import sys
 class BuildHooksCommand:
     name = "build-hooks"
     help = ("Compile colltrace's C++ module for this torch (needs a C++ compiler and ninja), once per environment: "
-            "ranks then read group counters from C++ and, on torch >= 2.14, register c10d's hooks from C++, "
-            "a third less cost per traced collective.")
+            "ranks then read group counters and tensors from C++ and, on torch >= 2.14, register c10d's hooks "
+            "from C++: a third less cost per traced collective.")
 
     def prepare_parser(self, p):
         p.add_argument("--force", action="store_true", help="build again even where a build for this torch exists")
@@ -33,7 +33,7 @@ class BuildHooksCommand:
         if path is not None and not args.force:
             sys.stderr.write(f"colltrace: already built for torch {torch.__version__}: {path}\n")
             return 0
-        what = "the counter reader and c10d hooks" if hookbuild.supported() else "the counter reader"
+        what = "the counter and tensor readers and c10d hooks" if hookbuild.supported() else "the counter and tensor readers"
         sys.stderr.write(f"colltrace: compiling {what} for torch {torch.__version__} (about half a minute)...\n")
         try:
             path = hookbuild.build(verbose=args.verbose)

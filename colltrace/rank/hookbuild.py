@@ -1,14 +1,14 @@
-"""colltrace's C++ module (_hooks.cpp): its c10d hooks (torch >= 2.14) and its reader of a group's
-collective counter (every torch), built against this environment's torch by `colltrace build-hooks`,
-found and loaded by the ranks.
+"""colltrace's C++ module (_hooks.cpp): its c10d hooks (torch >= 2.14) and its readers of a group's
+collective counter and of a plain tensor (every torch), built against this environment's torch by
+`colltrace build-hooks`, found and loaded by the ranks.
 
 The build cannot happen at `pip install` (pip's build isolation brings a torch of its own) nor inside
 a rank (a compile at job start changes the job's timing), so it is a command of its own, run once
 per environment (the Docker image runs it). A build is loaded only into the torch and Python it was
 built for: its folder is named by a key of torch's version and git revision, its C++ ABI, the
 interpreter's tag and the source's digest. Where there is none, the ranks register the same gates
-as Python hooks (hooks.attach) and read the counter through pybind: the same records, at c10d's
-Python-hook toll and pybind's dispatch per collective.
+as Python hooks (hooks.attach) and read counters and tensors through torch's Python bindings: the
+same records, at c10d's Python-hook toll and the bindings' dispatch per collective.
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def load():
 
 
 def available() -> bool:
-    """Whether this torch has c10d to build against (its counter reader)."""
+    """Whether this torch has c10d to build against (the readers need it)."""
     import torch.distributed as dist
 
     return dist.is_available() and getattr(dist, "ProcessGroup", None) is not None
@@ -174,7 +174,8 @@ def _ninja_dir() -> str | None:
 
 
 # Run in a process of its own on a fresh build: a world of 1. The counter as read from C++ is the one
-# pybind reads, before and after collectives, and other objects are left to Python. Where the build has
+# pybind reads, before and after collectives; a plain tensor's key is its dims, dtype, device and sizes;
+# other objects are left to Python. Where the build has
 # hooks: one all_reduce issued where no wrapper records (both hooks fire, with c10d's arguments), then
 # one with the depth set (neither fires).
 _SELFTEST = textwrap.dedent("""

@@ -129,7 +129,7 @@ _compiled: list = []   # [the built C++ module or None], decided once per proces
 def _compiled_hooks(shim, settings):
     """`colltrace build-hooks`' module where one was built for this torch and Python and the
     settings allow it (not COLLTRACE_HOOKS=python); else None: the gates are registered as Python
-    hooks and counters read through pybind. Loading it points _fastpath at its counter reader. A
+    hooks and counters and tensors read through Python. Loading it points _fastpath at its readers. A
     build that exists but does not load is said once."""
     if settings is None or not getattr(settings, "hooks_compiled", True):
         return None
@@ -162,7 +162,7 @@ def load_compiled(shim) -> None:
 
 def compiled_in_use() -> bool:
     """Whether this process loaded `colltrace build-hooks`' module (its hooks where torch has them,
-    its counter reader)."""
+    its counter and tensor readers)."""
     return bool(_compiled and _compiled[0] is not None)
 
 

@@ -166,7 +166,7 @@ def _group_attr(pg, attr: str) -> str:
 
 
 def _describe_group(pg):
-    hooks.load_compiled(sys.modules[__name__])   # build-hooks' module (its counter reader) where built
+    hooks.load_compiled(sys.modules[__name__])   # build-hooks' module (its readers) where built
     hooks.attach(pg, sys.modules[__name__])   # torch >= 2.14: the native route for what no wrapper sees
     c10d = _c10d
     ranks = list(c10d.get_process_group_ranks(pg))

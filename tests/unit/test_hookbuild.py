@@ -70,9 +70,10 @@ def test_build_hooks_on_a_torch_without_distributed_is_one_line_and_exit_2(capsy
     assert rc == 2 and len(said) == 1 and "without torch.distributed" in said[0] and torch.__version__ in said[0]
 
 
-@pytest.mark.parametrize("supported, what", [(False, "the counter reader for"), (True, "the counter reader and c10d hooks")])
+@pytest.mark.parametrize("supported, what", [(False, "the counter and tensor readers for"),
+                                             (True, "the counter and tensor readers and c10d hooks")])
 def test_build_hooks_says_what_it_compiles_for_this_torch(supported, what, capsys, monkeypatch, tmp_path):
-    # torch < 2.14 has no c10d hooks: the counter reader alone is built, and used
+    # torch < 2.14 has no c10d hooks: the readers alone are built, and used
     rc, said = build_hooks(capsys, monkeypatch, supported=supported, build=lambda verbose: tmp_path / "m.so")
     assert rc == 0 and what in said[0] and said[1] == f"colltrace: built {tmp_path / 'm.so'}"
 
