@@ -100,7 +100,7 @@ typedef struct {
                             * seq_fn, weakref(pg), gid) or None */
     PyObject *shim;        /* shim's globals: "recorder" is read on every call */
     PyObject *non_member;  /* GroupMember.NON_GROUP_MEMBER */
-    PyObject *sigs;        /* (id(pg), shape, dtype, op, async, root, group root) -> what learn said, for `rec` */
+    PyObject *sigs;        /* (id(pg), shape, dtype, op, async, root, group root, is_cuda) -> what learn said, for `rec` */
     Parts r;               /* the recorder's parts, its thread and stack caches */
     PyObject *world;       /* c10d._world: its default_pg is read on each call */
     /* the last call's signature and what it learned: a loop makes the same call again. Its tensor
