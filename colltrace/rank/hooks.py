@@ -152,9 +152,8 @@ def load_compiled(shim) -> None:
     """On any torch, where the compiled path is in use: load build-hooks' module once (its counter
     reader serves the compiled path from then on). Called as a group is first described. Never raises."""
     try:
-        settings = _settings(shim)
-        if fastpath.available() and settings is not None and not getattr(settings, "pure", False) \
-                and type(shim) is type(sys):
+        settings = _compiled_path_settings(shim)
+        if settings is not None:
             _compiled_hooks(shim, settings)
     except Exception as exc:
         _report(shim, exc)
@@ -179,9 +178,14 @@ def _report_once(shim, exc) -> None:
 _said: list = []
 
 
-def _settings(shim):
+def _compiled_path_settings(shim):
+    """The shim's settings where the compiled path is in use; None where it is not: no compiled
+    path, COLLTRACE_PURE=1, a shim that is no module (tests)."""
     state = getattr(shim, "_state", None)
-    return state.get("settings") if isinstance(state, dict) else None
+    settings = state.get("settings") if isinstance(state, dict) else None
+    if not fastpath.available() or settings is None or getattr(settings, "pure", False) or type(shim) is not type(sys):
+        return None
+    return settings
 
 
 def _kinds(shim):
@@ -189,8 +193,7 @@ def _kinds(shim):
     from the name and the inputs' count), 2 takes it with the outputs' count too, 0 leaves it to the
     Python hook (a root, a peer, a name it does not know). None where the compiled case is not used:
     no compiled path, COLLTRACE_PURE=1, a shim that is no module (tests)."""
-    settings = _settings(shim)
-    if not fastpath.available() or settings is None or getattr(settings, "pure", False) or type(shim) is not type(sys):
+    if _compiled_path_settings(shim) is None:
         return None
     if not _kinds_table:
         table = None
