@@ -150,7 +150,8 @@ def _compiled_hooks(shim, settings):
 
 def load_compiled(shim) -> None:
     """On any torch, where the compiled path is in use: load build-hooks' module once (its counter
-    reader serves the compiled path from then on). Called as a group is first described. Never raises."""
+    and tensor readers serve the compiled path from then on). Called as a group is first described.
+    Never raises."""
     try:
         settings = _compiled_path_settings(shim)
         if settings is not None:
