@@ -352,7 +352,9 @@ class Snapshot:
         for v in dead:
             if v.status != DEAD or v.fatal:
                 continue
-            if v.died_at is None:
+            if (v.exit or {}).get("ended_by") == "colltrace":
+                teardown = True   # ended by COLLTRACE_ON_HANG=abort: its wait tells the story
+            elif v.died_at is None:
                 teardown = len(dead) > 1
             else:
                 lo = bisect.bisect_left(times, v.died_at - TEARDOWN_S)

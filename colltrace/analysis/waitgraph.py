@@ -24,7 +24,7 @@ class Key:
     """One collective (group, seq) that some ranks are pending in, or one pending p2p op."""
 
     __slots__ = ("name", "group", "seq", "p2p", "waiters", "missing", "unknown", "died_inside", "status", "posted",
-                 "node", "first_entered", "mismatch")
+                 "node", "first_entered", "ready_at", "mismatch")
 
     def __init__(self, name: str, group: str, seq: int, p2p: bool):
         self.name = name
@@ -39,6 +39,7 @@ class Key:
         self.posted: int | None = None  # p2p: the peer's count of matching ops toward the waiter
         self.node = -1
         self.first_entered = 0.0
+        self.ready_at = 0.0             # a collective every member entered: when the last one did
         self.mismatch = None
 
     @property
@@ -110,11 +111,32 @@ class WaitGraph:
         for k in every:
             w = k.waiters
             k.first_entered = w[0].entered_at if len(w) == 1 else min(x.entered_at for x in w)
+        for k in coll.values():
+            if not (k.missing or k.unknown):
+                k.ready_at = self._last_arrival(k)
         every.sort(key=lambda k: k.name)
         self.keys = {k.name: k for k in every}
 
+    def _last_arrival(self, k: Key) -> float:
+        """When the last member entered a collective every member entered (those that already
+        completed it included): it cannot have been hung for longer than that."""
+        latest = max(w.entered_at for w in k.waiters)
+        here = {w.rank for w in k.waiters}
+        for m in self.snap.members(k.group):
+            v = self.snap.ranks.get(m)
+            if m in here or v is None:
+                continue
+            r = v.record_at(k.group, k.seq)
+            t = r.get("entered_at") if isinstance(r, dict) else None
+            if isinstance(t, (int, float)) and not isinstance(t, bool) and t > latest:
+                latest = float(t)
+        return latest
+
     def age(self, k: Key) -> float:
-        return self.now - k.first_entered
+        """How long k has waited: for ranks that never came, since the first entered; for a
+        collective every member entered, since the last did (a slow rank arriving late does not
+        make the others' completion look hung)."""
+        return self.now - (k.ready_at or k.first_entered)
 
     def blocking_keys(self, view) -> list[Key]:
         """The keys a rank cannot proceed without.

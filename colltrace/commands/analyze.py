@@ -15,7 +15,8 @@ class AnalyzeCommand:
             "Flight Recorder dumps (post-mortem).")
 
     def prepare_parser(self, p):
-        p.add_argument("dir", help="the trace folder (COLLTRACE_DIR of the job), or a folder of Flight Recorder dumps")
+        p.add_argument("dir", help="the trace folder (COLLTRACE_DIR of the job; colltrace-out: its newest run-*), "
+                                   "or a folder of Flight Recorder dumps")
         p.add_argument("--json", action="store_true", help='print {"findings": [...], "culprits": [...]}')
         p.add_argument("--stall-s", type=float, default=None,
                        help="stall threshold in seconds (default: the job's COLLTRACE_STALL_S; 0 for Flight "
@@ -28,6 +29,7 @@ class AnalyzeCommand:
         from colltrace.analysis import culprits
         from colltrace.reporters.text import render_report
 
+        args.dir = postmortem.resolve(args.dir)
         snap, findings = postmortem.analyzed(args.dir, args.prefix, args.stall_s)   # InputError: exit 2
         samekind.annotate(findings)   # reads the user's source files: after the (pure) analysis
         verdict = culprits.explain(findings)

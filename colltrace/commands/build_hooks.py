@@ -8,9 +8,11 @@ import sys
 
 class BuildHooksCommand:
     name = "build-hooks"
+    # The figures are the README's Performance section's (tests/unit/test_docs.py holds them together).
     help = ("Compile colltrace's C++ module for this torch (needs a C++ compiler and ninja), once per environment: "
             "ranks then read group counters and tensors from C++ and, on torch >= 2.14, register c10d's hooks "
-            "from C++: a third less cost per traced collective.")
+            "from C++. A traced 1-element all_reduce then adds +4,310 instructions instead of +6,559 on "
+            "torch 2.13, +4,559 instead of +12,053 on 2.14.1.")
 
     def prepare_parser(self, p):
         p.add_argument("--force", action="store_true", help="build again even where a build for this torch exists")

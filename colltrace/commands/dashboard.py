@@ -55,6 +55,10 @@ class DashboardCommand:
             raise UsageError("give a trace folder or --store HOST:PORT (one of them)")
         if args.dir is not None and not os.path.isdir(args.dir):
             raise UsageError(f"{args.dir}: no such folder")
+        if args.dir is not None:
+            from colltrace.tracefile import postmortem
+
+            args.dir = postmortem.resolve(args.dir)
         if not 0 <= args.port < 65536:
             raise UsageError(f"--port {args.port}: not a port number")
         if args.stall_s is not None and args.stall_s < 0:

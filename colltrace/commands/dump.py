@@ -60,6 +60,9 @@ class DumpCommand:
                 raise UsageError(str(exc)) from None
             sys.stderr.write(f"colltrace: wrote {path}\nnext: colltrace analyze {args.dir}\n")
             return 0
+        from colltrace.tracefile import postmortem
+
+        args.dir = postmortem.resolve(args.dir)
         traces = reader.load_traces(args.dir)   # TraceError: one line, exit 2
         ranks = {str(tr.rank): tr.all_records() for tr in traces if not args.rank or tr.rank in args.rank}
         problems = [f"rank {tr.rank}: {tr.error}" for tr in traces if tr.error]

@@ -24,6 +24,7 @@ class ExportCommand:
         from colltrace.analysis import culprits
         from colltrace.errors import UsageError
 
+        args.dir = postmortem.resolve(args.dir)
         snap, findings = postmortem.analyzed(args.dir, args.prefix, args.stall_s)   # InputError: exit 2
         doc = timeline.build(snap, findings, culprits.explain(findings)["culprits"])
         tmp = args.perfetto + ".tmp"

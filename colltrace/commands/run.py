@@ -78,14 +78,34 @@ class RunCommand:
         time.sleep(2 * settings.poll_s)
         stop.set()
         thread.join(timeout=30)
-        n = len(watchdog.findings)
+        n = sum(1 for f in watchdog.findings if not f.get("superseded_by"))
+        gone = len(watchdog.findings) - n
+        earlier = f" (and {gone} earlier stall superseded by {'it' if n == 1 else 'them'})" if gone else ""
+        sys.stderr.write(_verdict_again(watchdog))
         sys.stderr.write(
-            f"colltrace: job exited with code {rc}; {n} finding{'s' if n != 1 else ''}; trace in {directory}\n"
+            f"colltrace: job exited with code {rc}; {n} finding{'s' if n != 1 else ''}{earlier}; trace in {directory}\n"
             f"next: colltrace analyze {directory}   (or: colltrace dump {directory}"
             f"{', or: colltrace dashboard ' + directory if watchdog.dashboard else ''})\n")
         if rc:
             return rc if rc > 0 else 1
         return 1 if n else 0
+
+
+def _verdict_again(watchdog) -> str:
+    """After the job's own output (the launcher's report last): the verdict's first sentence
+    once more, and, when colltrace ended the ranks, that the launcher's SIGKILL report is that."""
+    from colltrace.reporters.text import clock, headline
+
+    ending = watchdog.on_hang.ending
+    standing = [f for f in watchdog.findings if not f.get("superseded_by")]
+    acted = [f for f in standing if ending and f.get("key") == ending.get("finding")]
+    if not standing:
+        return ""
+    text = f"colltrace: verdict: {headline((acted or standing)[0])}\n"
+    if ending:
+        text += (f"colltrace: the ranks reported above as killed by SIGKILL (exitcode: -9) were ended by colltrace "
+                 f"at {clock(ending['at'])} (COLLTRACE_ON_HANG=abort: {ending['why']}): that is not a second failure\n")
+    return text
 
 
 def _dashboard_bind(text: str, env: dict) -> str:

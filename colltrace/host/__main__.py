@@ -19,13 +19,15 @@ def main(argv=None) -> int:
     p.add_argument("--job")
     p.add_argument("--host")
     p.add_argument("--spawned-by", type=int, help="the rank that started it: gone before any rank was seen, nothing to watch")
+    p.add_argument("--store", help="HOST:PORT of the TCPStore the job's default group was made with, or off "
+                                   "(the rank that starts the watchdog says which; without it, MASTER_ADDR:MASTER_PORT)")
     p.add_argument("--once", action="store_true")
     args = p.parse_args(argv)
     settings = config.load()
     os.makedirs(args.dir, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
     try:
-        address = storelink.address_from_env()
+        address = storelink.address_from_env(job_store=args.store)
     except storelink.StoreError as exc:
         sys.stderr.write(f"colltrace: warning: COLLTRACE_STORE: {exc}; watching without the store\n")
         address = None
@@ -37,5 +39,21 @@ def main(argv=None) -> int:
         wd.close()
 
 
+def _leave(code) -> None:
+    """Exit without Python's finalization. A thread may still be inside c10d's connect to a store
+    that does not answer: finalization ends it in C++, and libstdc++ prints "terminate called
+    without an active exception" to the rank's stderr, which this process shares."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code if isinstance(code, int) else 0 if code is None else 1)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+    except SystemExit as exc:   # SIGTERM, argparse's errors
+        code = exc.code
+    _leave(code)

@@ -4,8 +4,8 @@ The job's TCPStore belongs to the program: colltrace writes exactly one key ther
 LEADER_KEY = "HOST:PORT" of a small c10d TCPStore server that the leader watchdog (the host
 of rank 0) serves itself, and deletes it when the job ends. Every other host's watchdog reads
 that key once, lets go of the job's store, and talks only to the leader's server. The address
-is this host's end of a route to the job's store (MASTER_ADDR), so it is one the other hosts
-can reach; COLLTRACE_LEADER_PORT fixes the port (default: any free one).
+is this host's end of a route to the job's store (the one its default group was made with), so
+it is one the other hosts can reach; COLLTRACE_LEADER_PORT fixes the port (default: any free one).
 """
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ import os
 import socket
 from datetime import timedelta
 
-from colltrace.host.storelink import PREFIX, StoreError, _one_line, parse_address
+from colltrace.host.storelink import PREFIX, StoreError, _one_line, parse_address, quiet_c10d
 
 LEADER_KEY = PREFIX + "leader"
 
 
 def _client(host: str, port: int, timeout_s: float):
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    quiet_c10d()
     from torch.distributed import TCPStore
 
     try:
@@ -62,6 +62,7 @@ class MeetingPoint:
     """The leader's TCPStore server, and its one key in the job's store."""
 
     def __init__(self, job_host: str, job_port: int, timeout_s: float = 5.0):
+        quiet_c10d()   # torch's first import in the leader's watchdog: its log level is set now
         from torch.distributed import TCPStore
 
         self.job = (job_host, job_port)

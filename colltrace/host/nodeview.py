@@ -167,5 +167,9 @@ class NodeView:
                 act = self.activity[rank] = probes.Activity(now)
             act.add_process(probes.sample_process(tr.meta.get("pid")))
 
+    def host_name(self) -> str | None:
+        """This host's name as its ranks recorded it (the watchdog may be started without one)."""
+        return self.host or next((tr.meta.get("host") for tr in self.traces.values() if tr.meta.get("host")), None)
+
     def pids(self) -> dict[int, int]:
         return {r: tr.meta.get("pid") for r, tr in self.traces.items() if tr.meta.get("pid") and r not in self.died_at}

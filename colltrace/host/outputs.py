@@ -41,6 +41,8 @@ class Outputs:
         for finding in new:
             classes = report.render_stack_classes(finding)
             self.stream.write("\n" + report.paragraph(finding) + "\n" + (classes + "\n" if classes else ""))
+            if finding.get("supersedes"):
+                self.stream.write(report.supersedes_line(finding) + "\n")
         self.say(f"colltrace: details in {self.dir}/report.txt; run: colltrace analyze {self.dir}")
 
     def report(self, reported: list[dict]) -> None:

@@ -25,6 +25,7 @@ import threading
 import time
 
 from colltrace.tracefile import asks
+from colltrace.model.schema import WAITING
 
 SIGNAL_OFFSET = 7            # SIGRTMIN+7: a real-time signal programs seldom use
 INPROC_WAIT_S = 0.4          # the poller wakes every poll period (0.1 s): a free GIL answers well within
@@ -275,14 +276,15 @@ def live_stacks(directory: str, due: dict[int, tuple[int, dict]], py_spy_ok: boo
     return out
 
 
-def dump_text(directory: str, rank: int, pid: int, meta: dict) -> str:
-    """Every thread's stack as text for COLLTRACE_ON_HANG=dump/abort: py-spy with native frames
-    where it is permitted, else faulthandler's all-thread dump by signal, else the rank's own."""
+def dump_text(directory: str, rank: int, pid: int, meta: dict, native: bool = True) -> str:
+    """Every thread's stack as text for COLLTRACE_ON_HANG=dump/abort: py-spy (with native frames
+    unless told otherwise: they take it ~0.6 s a rank) where it is permitted, else faulthandler's
+    all-thread dump by signal, else the rank's own."""
     from colltrace.host import stacks
 
-    threads = stacks.dump(pid, native=True)
+    threads = stacks.dump(pid, native=native)
     if "_error" not in threads:
-        return "(by py-spy --native)\n" + stacks.format_text(threads)
+        return f"(by py-spy{' --native' if native else ''})\n" + stacks.format_text(threads)
     why = threads["_error"]
     sig = meta.get("stack_signal")
     if sig and by_signal(directory, {rank: (pid, meta)})[rank][0] is not None:
@@ -438,7 +440,8 @@ def act_on(finding: dict, on_hang: str, abort_stall_s: float = 0.0) -> tuple[boo
     waits for I/O), or once it has lasted COLLTRACE_ABORT_STALL_S (when set). A rank that cannot
     be observed at all (another host without a watchdog, no trace) counts as frozen, as before.
     A rank that died at interpreter exit, after its program finished, is reported and never acted
-    on while no rank waits for it (the other ranks are finishing too)."""
+    on while no rank waits for it (the other ranks are finishing too). A stall whose missing rank
+    just entered a collective elsewhere is not acted on: it is about to become certain or end."""
     kind = str(finding.get("kind") or "hang")
     if kind == "dead_rank" and (finding.get("exit") or {}).get("at_exit") and not finding.get("waiting") \
             and not finding.get("failed"):
@@ -446,6 +449,11 @@ def act_on(finding: dict, on_hang: str, abort_stall_s: float = 0.0) -> tuple[boo
     states = missing_states(finding)
     if on_hang != "abort" or not states:
         return True, kind
+    table = finding.get("ranks") or {}
+    if any((table.get(r) or {}).get("state") == WAITING for r in states):
+        # A rank the stall waits for has just entered another collective: within a moment the
+        # wait settles into something certain (a cycle, a mismatch) or ends. Not frozen.
+        return False, kind
     waited = finding.get("waited_s") or 0.0
     if abort_stall_s and waited >= abort_stall_s:
         return True, f"{kind} for {waited:.0f} s >= COLLTRACE_ABORT_STALL_S"

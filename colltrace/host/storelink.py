@@ -45,10 +45,13 @@ def parse_address(text: str) -> tuple[str, int]:
         raise StoreError(str(exc)) from None
 
 
-def address_from_env(environ=os.environ) -> tuple[str, int] | None:
-    """COLLTRACE_STORE=HOST:PORT, or off; by default the job's MASTER_ADDR:MASTER_PORT, unless the
-    whole job is on this host (torchrun's LOCAL_WORLD_SIZE == WORLD_SIZE): then the trace folder
-    is the meeting point, and the watchdog need not import torch to reach the store."""
+def address_from_env(environ=os.environ, job_store: str | None = None) -> tuple[str, int] | None:
+    """COLLTRACE_STORE=HOST:PORT, or off; by default the store the job's default group was made
+    with, as the rank that started the watchdog found it (job_store: "HOST:PORT", or "off" for a
+    FileStore or HashStore), unless the whole job is on this host (torchrun's LOCAL_WORLD_SIZE ==
+    WORLD_SIZE): then the trace folder is the meeting point, and the watchdog need not import
+    torch to reach the store. MASTER_ADDR:MASTER_PORT only for a watchdog no rank told: in a test
+    session they may be an earlier test's, while this one made a store of its own."""
     explicit = environ.get("COLLTRACE_STORE", "").strip()
     if explicit.lower() == "off":
         return None
@@ -57,6 +60,8 @@ def address_from_env(environ=os.environ) -> tuple[str, int] | None:
     world, local = environ.get("WORLD_SIZE", ""), environ.get("LOCAL_WORLD_SIZE", "")
     if world.isdigit() and world == local:
         return None
+    if job_store is not None:
+        return None if job_store == "off" else parse_address(job_store)
     addr, port = environ.get("MASTER_ADDR"), environ.get("MASTER_PORT")
     if addr and port and port.isdigit():
         return addr, int(port)
@@ -93,12 +98,17 @@ def node_payload(summary: dict) -> tuple[bytes, bytes, int, bytes]:
     return encode(summary), groups, crc, json.dumps(beat, separators=(",", ":")).encode()
 
 
+def quiet_c10d() -> None:
+    """c10d logs each failed connect attempt in C++; our one-line error says it once. Only
+    effective before torch is imported, which holds in the CLI; the ranks' watchdog is started
+    with it set (colltrace/rank/launcher.py)."""
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+
+
 class StoreLink:
     def __init__(self, host: str, port: int, timeout_s: float = 5.0, follow_leader: bool = False):
         self.address = f"{host}:{port}"
-        # c10d logs each failed connect attempt in C++; our one-line error says it once. Only
-        # effective before torch is imported, which holds in the watchdog and the CLI.
-        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+        quiet_c10d()
         try:
             from torch.distributed import TCPStore
 
@@ -270,7 +280,7 @@ def _with_beat(summary: dict, beat) -> dict:
 
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
+    return text[0][:300].rstrip(".") if text else type(exc).__name__   # our line goes on after it
 
 
 def snapshot_to_folder(address: str, directory: str) -> str:

@@ -25,6 +25,8 @@ from colltrace.host.outputs import Outputs
 from colltrace.model.build import merge, suspects
 from colltrace.reporters.text import activity_lines
 
+CERTAIN_KINDS = ("deadlock", "mismatch", "dead_rank")   # what a stall can turn into
+SUPERSEDABLE = ("stall", "unmatched_p2p")
 WATCHDOG_NICE = 10            # scheduling priority of the watchdog's threads (0 = the ranks')
 
 
@@ -146,17 +148,37 @@ class Watchdog:
         if new:
             for f in new:
                 self.reported.add(f.get("key"))
+            self._supersede(new, findings)
             samekind.annotate(new)   # reads the user's source: after the (pure) analysis
             self.findings.extend(new)
             self.outputs.findings(new, self.findings, snap)
             self.store.publish_findings(self.findings)
         self._follow(findings, new, snap)
         self._publish(snap, findings, new, now)
-        why = self.on_hang.due(findings)
-        if why:
+        decision = self.on_hang.due(findings)
+        if decision:
+            why, key = decision
             self.store.report_hang(why)   # the other hosts act on it too
-            self.on_hang.act(why)
+            self.on_hang.act(why, key)
         return new
+
+    def _supersede(self, new: list[dict], findings: list[dict]) -> None:
+        """A stall (or unmatched p2p op) reported earlier that has now turned into something
+        certain (a wait cycle, a mismatch, a dead rank) is marked superseded by it, in place in
+        the findings reported (report.txt, the dashboard), and the new finding names it: the
+        stall is not repeated, and its end is not announced as if the ranks had arrived."""
+        current = {f.get("key") for f in findings}
+        for f in new:
+            if f.get("kind") not in CERTAIN_KINDS:
+                continue
+            ranks = set(f.get("ranks") or {})
+            old = [x for x in self.findings if x.get("kind") in SUPERSEDABLE and not x.get("superseded_by")
+                   and x.get("key") not in current and ranks & set(x.get("ranks") or {})]
+            for x in old:
+                x["superseded_by"] = f.get("key")
+                self._states.pop(x.get("key"), None)
+            if old:
+                f["supersedes"] = [x.get("key") for x in old]
 
     def _follow(self, findings: list[dict], new: list[dict], snap: dict) -> None:
         """A stall already reported whose missing ranks changed from progressing to frozen (or

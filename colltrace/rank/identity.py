@@ -13,13 +13,19 @@ import os
 HOST_PART = "#ppid"
 
 
-def store_id(store) -> str:
-    """'tcp:HOST:PORT', 'file:PATH', or the store's type: the store under any PrefixStore."""
+def _real(store):
+    """The store under any PrefixStore."""
     for _ in range(16):   # PrefixStore(PrefixStore(...)): find the real one
         inner = getattr(store, "underlying_store", None)
         if inner is None:
             break
         store = inner
+    return store
+
+
+def store_id(store) -> str:
+    """'tcp:HOST:PORT', 'file:PATH', or the store's type: the store under any PrefixStore."""
+    store = _real(store)
     kind = type(store).__name__
     try:
         if kind == "TCPStore":
@@ -29,6 +35,18 @@ def store_id(store) -> str:
     except Exception:
         pass
     return kind
+
+
+def store_address(store) -> tuple[str, int] | None:
+    """A TCPStore's (HOST, PORT), under any PrefixStore: where the watchdogs of the job's hosts
+    can meet. None for any other store (a FileStore, a HashStore: nothing to meet in)."""
+    store = _real(store)
+    if type(store).__name__ != "TCPStore":
+        return None
+    try:
+        return str(store.host), int(store.port)
+    except Exception:
+        return None
 
 
 def job_id(store=None, environ=os.environ) -> str:

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+from colltrace.rank import identity
 from colltrace.tracefile import storage
 
 _child = None  # kept referenced so the interpreter does not warn about a running child
@@ -27,10 +28,26 @@ def claim_path(directory: str, host: str, job: str) -> str:
 def watchdog_env(environ=os.environ) -> dict:
     env = dict(environ)
     env.pop("COLLTRACE", None)  # the watchdog itself is not traced
+    # Its stderr is the rank's: c10d's C++ lines for each failed connect to a store would land in
+    # the user's output. Its own one-line warning says what matters.
+    env["TORCH_CPP_LOG_LEVEL"] = "FATAL"
     return env
 
 
-def ensure_watchdog(settings, rec) -> None:
+def store_arg(store) -> list[str]:
+    """The watchdog's --store: the TCPStore the job's default group was made with, or "off" (a
+    FileStore, a HashStore); nothing where the rank could not find its store. MASTER_ADDR/PORT
+    may be another job's, long gone (an earlier test's, in a test session)."""
+    if store is None:
+        return []
+    where = identity.store_address(store)
+    if where is None:
+        return ["--store", "off"]
+    host = f"[{where[0]}]" if ":" in where[0] else where[0]   # IPv6
+    return ["--store", f"{host}:{where[1]}"]
+
+
+def ensure_watchdog(settings, rec, store=None) -> None:
     global _child
     if settings.watchdog != "auto":
         return
@@ -45,7 +62,7 @@ def ensure_watchdog(settings, rec) -> None:
         return
     try:
         cmd = [sys.executable, "-m", "colltrace.host", "--dir", settings.dir, "--job", job,
-               "--host", settings.host, "--spawned-by", str(os.getpid())]
+               "--host", settings.host, "--spawned-by", str(os.getpid()), *store_arg(store)]
         _child = subprocess.Popen(cmd, env=watchdog_env(), stdin=subprocess.DEVNULL,
                                   start_new_session=True, close_fds=True)
         os.write(fd, f"{_child.pid}\n".encode())

@@ -528,7 +528,7 @@ def _ensure_recorder():
             _install_funcol()
             from colltrace.rank import launcher
 
-            launcher.ensure_watchdog(settings, rec)
+            launcher.ensure_watchdog(settings, rec, store)
         except Exception as exc:
             _state["recorder"] = "failed"
             from colltrace.tracefile import storage

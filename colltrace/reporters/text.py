@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import time
 from collections import Counter
 
 from colltrace.analysis.origins import FRAMEWORK, USER, for_roots, origin_of
@@ -225,7 +226,7 @@ def seconds(x) -> str:
         return "? s"
 
 
-def _exit_text(e: dict) -> str:
+def exit_text(e: dict) -> str:
     """"died of SIGSEGV", "exited with code 1 (ValueError: bad batch)", "was killed (…)"."""
     ex = e.get("exit") if isinstance(e.get("exit"), dict) else {}
     if e.get("status") == EXITED or e.get("state") == EXITED:
@@ -236,7 +237,42 @@ def _exit_text(e: dict) -> str:
         return text
     if ex.get("signal"):
         return f"died of {ex['signal']}" + (" at interpreter exit, after its program had finished" if ex.get("at_exit") else "")
+    if ex.get("ended_by") == "colltrace":
+        return f"ended by colltrace (abort: {ex.get('why')}) at {clock(ex.get('at'))}"
     return "vanished (no exit record: killed by SIGKILL/SIGTERM, or died in native code)"
+
+
+def clock(t) -> str:
+    """A unix time as the local HH:MM:SS a person compares with the job's own log."""
+    try:
+        return time.strftime("%H:%M:%S", time.localtime(float(t)))
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "?"
+
+
+def _ended_by_colltrace(e: dict) -> bool:
+    return isinstance(e.get("exit"), dict) and e["exit"].get("ended_by") == "colltrace"
+
+
+def _died_since(f: dict, dead: list[int], still: str = "") -> str:
+    """" Ranks 0-2 have died since." — or, for the ranks colltrace itself ended after the
+    finding: " colltrace then ended ranks 0-3 (abort: deadlock) at 14:37:17." """
+    table = f.get("ranks") or {}
+    ended = [r for r in dead if _ended_by_colltrace(table.get(str(r)) or {})]
+    others = [r for r in dead if r not in ended]
+    text = ""
+    if others:
+        text += f" {_cap(rank_word(others))} {_verb(others, 'has', 'have')} died since{still}."
+    if ended:
+        ex = table[str(ended[0])]["exit"]
+        text += f" colltrace then ended {rank_word(ended)} (abort: {ex.get('why')}) at {clock(ex.get('at'))}."
+    return text
+
+
+def not_taken_note(deadline_s: float) -> str:
+    """What a stacks file says when its dump did not finish in time (the ranks were ended)."""
+    return (f"(no stack dump within {deadline_s:g} s; the stacks at the hang are in findings.jsonl, "
+            "report.txt and the rank's records: colltrace analyze this folder)\n")
 
 
 def _shape_text(shapes) -> str:
@@ -298,7 +334,7 @@ def _where_instead(finding: dict, rs: list[int], e: dict) -> str:
     if state == UNKNOWN:
         return f"{who} {_verb(rs, 'has', 'have')} no trace in this snapshot (another host, or not started)"
     if state in (DEAD, EXITED):
-        text = f"{who} {_exit_text(e)}"
+        text = f"{who} {exit_text(e)}"
         if e.get("op"):
             text += f" in {op_phrase(finding, e, full_group=False)} at {where(e)}"
         return text
@@ -416,8 +452,7 @@ def _deadlock(f: dict) -> str:
     text = head + ": ".join(clauses) + (f". Nobody in this cycle can proceed (the longest has waited "
                                         f"{seconds(f.get('waited_s'))}).")
     dead = [int(r) for r, e in (f.get("ranks") or {}).items() if e.get("state") in (DEAD, EXITED)]
-    if dead:
-        text += f" {_cap(rank_word(dead))} {_verb(dead, 'has', 'have')} died since."
+    text += _died_since(f, sorted(dead))
     return text + _behind(f)
 
 
@@ -455,8 +490,7 @@ def _stall(f: dict) -> str:
     text = (f"Stall: {_waiters_clause(f, waiting, f'has waited {waited}', f'have waited {waited}')}"
             f" for {rank_word(missing)}, which {_verb(missing, 'has', 'have')} not entered it. {_cap(instead)}.")
     dead = [r for r in waiting if (table.get(str(r)) or {}).get("state") in (DEAD, EXITED)]
-    if dead:
-        text += f" {_cap(rank_word(dead))} {_verb(dead, 'has', 'have')} died since, still waiting."
+    text += _died_since(f, dead, ", still waiting")
     text += _activity(f, missing)
     return text + _untraced(f) + _behind(f)
 
@@ -483,7 +517,7 @@ def _dead_rank(f: dict) -> str:
     text = f"Dead rank: rank {d}"
     if e.get("host"):
         text += f" (on {e['host']})"
-    text += f" {_exit_text(e)}"
+    text += f" {exit_text(e)}"
     if e.get("stack"):
         text += f"; it was at {user_location(e['stack'])} when it died"
     text += "."
@@ -592,7 +626,7 @@ def _advice_mismatch(f: dict, look: dict) -> str:
 def _advice_dead(f: dict, look: dict) -> str:
     rank = f.get("rank")
     e = (f.get("ranks") or {}).get(str(rank)) or {}
-    how = _exit_text(e)
+    how = exit_text(e)
     why = look.get("reason")
     exc = (e.get("exit") or {}).get("exception") if isinstance(e.get("exit"), dict) else None
     if (e.get("exit") or {}).get("at_exit") and not f.get("waiting") and not f.get("failed"):
@@ -777,7 +811,7 @@ def _stack_tail(e: dict) -> str:
     else:
         tail = f"({state})"
     if state in (DEAD, EXITED):
-        tail = (tail + " " if tail else "") + f"[{_exit_text(e)}]"
+        tail = (tail + " " if tail else "") + f"[{exit_text(e)}]"
     return tail
 
 
@@ -853,9 +887,16 @@ def render_report(findings: list[dict]) -> str:
     """Every finding's paragraph and stack classes; "no problems found" when there are none."""
     if not findings:
         return "colltrace: no problems found"
-    n = len(findings)
-    out = [f"colltrace: {n} problem{'s' if n != 1 else ''} found"]
+    number = {f.get("key"): i for i, f in enumerate(findings, 1)}
+    gone = sum(1 for f in findings if f.get("superseded_by"))
+    n = len(findings) - gone
+    out = [f"colltrace: {n} problem{'s' if n != 1 else ''} found"
+           + (f" (and {gone} earlier stall{'s' if gone != 1 else ''} that turned into {'them' if n != 1 else 'it'})"
+              if gone else "")]
     for i, f in enumerate(findings, 1):
+        if f.get("superseded_by"):
+            out.append(f"[{i}] " + superseded_line(f, number.get(f["superseded_by"])))
+            continue
         block = f"[{i}] " + paragraph(f)
         classes_text = render_stack_classes(f)
         if classes_text:
@@ -863,6 +904,28 @@ def render_report(findings: list[dict]) -> str:
         block += render_same_kind(f)
         out.append(block)
     return "\n\n".join(out)
+
+
+def superseded_line(f: dict, by: int | None = None) -> str:
+    """An earlier stall that turned into something certain: said in one line, not repeated."""
+    ref = f"[{by}] below" if by is not None else str(f.get("superseded_by"))
+    return (f"Superseded by {ref}: the stall reported at {clock(f.get('detected_at'))} "
+            f"({_first_line(f.get('summary') or paragraph(f), 120)})")
+
+
+def supersedes_line(f: dict) -> str:
+    """The line after a finding that replaces an earlier stall, on the job's stderr."""
+    keys = f.get("supersedes") or []
+    return (f"colltrace: this {f.get('kind')} is what the stall reported earlier ({', '.join(keys)}) turned into; "
+            "that stall finding is superseded")
+
+
+def headline(f: dict, limit: int = 400) -> str:
+    """A finding's first sentence: what `colltrace run` repeats after the job's own output."""
+    text = str(f.get("summary") or paragraph(f))
+    m = re.search(r"[.!?](\s|$)", text)
+    first = text[:m.start() + 1] if m else text
+    return first if len(first) <= limit else first[:limit - 1] + "…"
 
 
 def culprit_paragraph(culprits: list[int], reasons: dict, others: list[int]) -> str:

@@ -2,9 +2,31 @@
 Flight Recorder dumps; a folder with neither is bad input, never an empty (healthy) snapshot."""
 from __future__ import annotations
 
+import glob
 import os
+import sys
 
 from colltrace.tracefile import frdump, reader
+
+
+def _has_traces(directory: str) -> bool:
+    return bool(glob.glob(os.path.join(directory, "rank-*.ring"))) or os.path.exists(os.path.join(directory, "snapshot.json"))
+
+
+def resolve(directory: str, stream=None) -> str:
+    """DIR, or where DIR is the folder `colltrace run` makes its runs in (colltrace-out, holding
+    run-YYYYMMDD-HHMMSS folders and no trace of its own) its newest run, said in one line on
+    `stream` (stderr). Every command that reads a trace folder asks here first."""
+    if not os.path.isdir(directory) or _has_traces(directory):
+        return directory
+    runs = sorted(d for d in glob.glob(os.path.join(directory, "run-*")) if os.path.isdir(d) and _has_traces(d))
+    if not runs:
+        return directory
+    newest = runs[-1]   # the names are `colltrace run`'s start times: the last sorts newest
+    others = f" (and {len(runs) - 1} older)" if len(runs) > 1 else ""
+    (stream or sys.stderr).write(f"colltrace: {directory} holds runs of `colltrace run`: reading the newest, "
+                                 f"{newest}{others}\n")
+    return newest
 
 
 def load(directory: str, prefix: str | None = None) -> dict:

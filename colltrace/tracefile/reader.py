@@ -13,7 +13,7 @@ import re
 
 from colltrace.rank import flightrecorder, identity
 from colltrace.analysis import origins
-from colltrace.tracefile import ringfile
+from colltrace.tracefile import endings, ringfile
 from colltrace.tracefile.ringfile import COMPLETE, ENTER, F_ASYNC, F_DIGEST, F_DONE, F_P2P, FAIL, RETURN, UNTRACED
 from colltrace.errors import InputError
 from colltrace.model import build, schema
@@ -77,6 +77,7 @@ class RankTrace:
 
     def __init__(self, directory: str, rank: int, window: int | None = 512):
         self.rank = rank
+        self.directory = directory
         base = os.path.join(directory, f"rank-{rank:05d}")
         self.ring = ringfile.RingReader(base + ".ring")
         self.defs = ringfile.DefsReader(base + ".defs.jsonl")
@@ -327,6 +328,9 @@ class RankTrace:
             return "exited", {"code": 1, "exception": f"{self.exception.get('type')}: {self.exception.get('message')}"}
         if self.exit is not None:
             return "exited", {"code": 0}
+        ended = endings.cached(self.directory).get(self.rank)
+        if ended is not None and ended["pid"] in (None, self.meta.get("pid")):
+            return "dead", endings.exit_info(ended)   # colltrace ended it (COLLTRACE_ON_HANG=abort)
         return "unknown", None
 
     def snapshot_entry(self) -> dict:

@@ -58,6 +58,11 @@ def _read_jsonl(path: str) -> list[dict]:
                     out.append(obj)
     except OSError:
         pass
+    # the file is append-only: a stall that turned into a deadlock is marked by the later line
+    by = {k: f.get("key") for f in out if isinstance(f.get("supersedes"), list) for k in f["supersedes"]}
+    for f in out:
+        if f.get("key") in by:
+            f["superseded_by"] = by[f["key"]]
     return out
 
 

@@ -58,6 +58,8 @@ def _stack_classes(finding: dict) -> tuple[list[dict], str | None]:
 def finding_view(finding: dict) -> dict:
     try:
         text = report.paragraph(finding)
+        if finding.get("superseded_by"):   # a stall that turned into something certain
+            text = report.superseded_line(finding) + " " + text
     except Exception:  # a finding written by another version: its own summary still says it
         text = str(finding.get("summary") or finding.get("kind") or "finding")
     try:
@@ -97,6 +99,8 @@ def rank_state(entry: dict, now: float) -> dict:
         out["where"] = located(entry.get("stack"), entry.get("roots"))   # live stack: where a rank in no collective is
     if status == UNREADABLE:
         out["where"] = str(entry.get("error") or "unreadable")
+    # how it ended: "ended by colltrace (abort: deadlock) at 14:37:17", "died of SIGSEGV", ...
+    out["ending"] = report.exit_text(entry) if status in GONE else None
     return out
 
 
@@ -111,7 +115,7 @@ def rank_view(snap: dict, now: float) -> dict:
         state[s["state"]] = state.get(s["state"], 0) + 1
         # Ranks blocked in the same collective form one class; others are classed by what they
         # run and where, whatever their group and number (their ranges are shown instead).
-        key = (s["status"], s["state"], s["op"], s["where"])
+        key = (s["status"], s["ending"], s["state"], s["op"], s["where"])
         if s["state"] == WAITING:
             key += (s["group"], s["seq"], s["peer"])
         c = classes.get(key)
@@ -131,7 +135,7 @@ def rank_view(snap: dict, now: float) -> dict:
         seqs = sorted(set(c["seqs"]))
         rows.append({
             "ranks": _ranks_text(c["ranks"]), "count": len(c["ranks"]), "first": c["ranks"][0],
-            "status": s["status"], "alive": {"alive": True, "dead": False, "exited": False}.get(s["status"]),
+            "status": s["status"], "ending": s["ending"], "alive": {"alive": True, "dead": False, "exited": False}.get(s["status"]),
             "state": s["state"], "op": s["op"],
             "group": groups[0] if len(groups) == 1 else (f"{len(groups)} groups" if groups else None),
             "seq": (str(seqs[0]) if len(seqs) == 1 else f"{seqs[0]}–{seqs[-1]}") if seqs else None,
@@ -174,8 +178,9 @@ def group_view(snap: dict) -> dict:
         top_done = max((k[1] for k in classes if k[1] is not None), default=0)
         member_rows = []
         for (ent, done, note), rs in sorted(classes.items(), key=lambda kv: kv[1][0]):
+            behind = (top - ent) if ent is not None else None
             member_rows.append({"ranks": _ranks_text(rs), "count": len(rs), "entered": ent, "completed": done,
-                                "behind": (top - ent) if ent is not None else None, "note": note})
+                                "behind": behind, "note": note, "says": _member_says(note, behind, ent, done)})
         in_step = len(classes) == 1 and not any(k[2] for k in classes)
         rows.append({"name": str(name), "desc": str(g.get("desc") or ""), "size": len(members),
                      "ranks": _ranks_text(members), "entered": top, "completed": top_done,
@@ -190,6 +195,16 @@ def group_view(snap: dict) -> dict:
     return {"rows": shown, "total": len(rows),
             "hidden": {"groups": len(rows) - len(shown),
                        "in_step": len(in_step) - len(in_step[:room])} if len(rows) > len(shown) else None}
+
+
+def _member_says(note, behind, entered, completed) -> str:
+    """A member class's states in words, one place for the page and its script: "dead, waiting in #3"."""
+    parts = [note] if note else []
+    if behind:
+        parts.append(f"behind by {behind}")
+    elif entered is not None and completed is not None and entered > completed:
+        parts.append(f"waiting in #{entered}")
+    return ", ".join(parts)
 
 
 def _natural(s: str):

@@ -1,4 +1,4 @@
-"""The failure switches: each reproduces a mistake from the user reports, where they placed it.
+"""The failure switches: each reproduces a mistake of a real distillation job, where its code had it.
 
     torchrun --nproc-per-node 4 train.py --bug checkpoint_barrier
 

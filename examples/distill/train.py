@@ -1,4 +1,4 @@
-"""A teacher/student distillation trainer in the shape of the user reports (lingua's
+"""A teacher/student distillation trainer in the shape of a real team's job (lingua's
 apps/main/train.py with a distillation rank), small enough for CPU and gloo.
 
     torchrun --standalone --nproc-per-node 4 examples/distill/train.py [--bug NAME] [--steps 30]
@@ -8,7 +8,7 @@ serves a teacher. Every step the training ranks gather their token batches to th
 runs a forward pass and scatters its logits back; the student trains on a distillation loss.
 Metrics are averaged with all_reduce, checkpoints go through torch.distributed.checkpoint, a
 probe folder is made behind a barrier, and a preemption signal (SIGUSR2) triggers a save.
-`--bug NAME` turns on one of the mistakes from the reports (see bugs.py); default: none.
+`--bug NAME` turns on one of that job's mistakes (see bugs.py and README.md); default: none.
 """
 from __future__ import annotations
 
@@ -52,6 +52,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="rank 0 receives SIGUSR2 at this step, as from the scheduler before preemption")
     p.add_argument("--dump-dir", default=os.environ.get("DISTILL_DUMP_DIR", "distill-out"))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--setup-s", type=float, default=0.0,
+                   help="the training ranks compute this many seconds building their model first, as a large "
+                        "model's set-up does (the teacher is ready at once); default: 0")
     args = p.parse_args(argv)
     for name in args.bug:
         bugs.enable(name)
@@ -68,7 +71,7 @@ def main(argv=None) -> int:
     dataset = MarkovTokens(4096, args.seq_len, args.vocab, seed=args.seed)
     loader = None
     if bugs.on("loader_before_pg"):
-        # The reports' race: the loader is made before the process group exists, so it gets no
+        # The team's race: the loader is made before the process group exists, so it gets no
         # DistributedSampler and every rank draws the same batches.
         world = int(os.environ.get("WORLD_SIZE", "1"))
         loader = build_loader(dataset, args.batch_size, rank, world - 1, seed=args.seed)  # bug: loader_before_pg
@@ -117,9 +120,19 @@ def wrap(model: torch.nn.Module, args, ipc: InterProcessComm) -> torch.nn.Module
     return DDP(model, process_group=ipc.train_group)
 
 
+def build_time(seconds: float) -> None:
+    """A large model's set-up, in miniature: busy for `seconds` (no random numbers drawn, nothing
+    kept), while the teacher already waits for the training ranks."""
+    end = time.monotonic() + seconds
+    x = torch.ones(128, 128)
+    while time.monotonic() < end:
+        x = torch.tanh(x @ x / 128)
+
+
 def train(args, ipc: InterProcessComm, dataset, loader, preempted: dict) -> None:
     torch.manual_seed(args.seed)
     student = Student(args.vocab, args.seq_len)
+    build_time(args.setup_s)  # line: setup
     if bugs.on("segfault") and ipc.train_rank == 1:
         student.crash_on_call = 3
     model = wrap(student, args, ipc)

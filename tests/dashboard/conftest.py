@@ -16,7 +16,7 @@ RECORDED = os.path.join(os.path.dirname(__file__), "..", "fixtures", "recorded")
 @pytest.fixture(scope="session")
 def recorded():
     """Trace folders recorded from real jobs (tests/fixtures/make_recorded.py): "deadlock" (the
-    seeds' cross-group deadlock on 4 gloo ranks, ended by COLLTRACE_ON_HANG=abort) and "healthy"
+    cross-group deadlock on 4 gloo ranks, ended by COLLTRACE_ON_HANG=abort) and "healthy"
     (2 ranks). Tests read copies (copy_of); the live dashboard tests start their own jobs."""
     return {name: os.path.abspath(os.path.join(RECORDED, name)) for name in ("deadlock", "healthy")}
 

@@ -65,6 +65,20 @@ def test_rank_and_group_views_name_who_waits_where_and_who_is_behind(recorded):
     assert [e["op"] for e in row_a["events"]][-1] == "barrier" and row_b["events"][-1]["op"] == "gather"
 
 
+def test_a_group_members_states_read_as_separate_words(recorded):
+    """Ranks ended by the abort while waiting in the barrier: "dead, waiting in #3" on the page and
+    from the API the script renders, never "deadwaiting in #3"."""
+    with client(FolderSource(recorded["deadlock"])) as c:
+        page = html_mod.unescape(c.get("/").text)
+        view = c.get("/api/view").json()
+    world = next(g for g in view["groups"]["rows"] if g["name"] == "0")
+    waiting = next(m for m in world["members"] if m["ranks"] == "0-2")
+    assert waiting["note"] and waiting["says"] == f"{waiting['note']}, waiting in #3"
+    cells = re.findall(r'<tr class="member[^"]*">(?:<td>.*?</td>){4}<td>(.*?)</td></tr>', page)
+    says = [m["says"] for g in view["groups"]["rows"] for m in g["members"]]
+    assert cells == says and not [t for t in cells if re.search(r"\w(waiting in|behind by)", t)], cells
+
+
 def test_page_shows_the_verdict_first_and_is_locked_down(recorded):
     with client(FolderSource(recorded["deadlock"])) as c:
         r = c.get("/")

@@ -21,7 +21,7 @@ def track_documents(page) -> list[str]:
 
 
 def test_the_finding_appears_without_a_reload(spawn, browser, tmp_path):
-    """`colltrace run --dashboard` on the seeds' cross-group deadlock: the page is open before the
+    """`colltrace run --dashboard` on the cross-group deadlock: the page is open before the
     ranks start; the verdict arrives by itself."""
     trace_dir = str(tmp_path / "trace")
     cmd = colltrace_cmd("run", "--dir", trace_dir, "--dashboard", "127.0.0.1:0", "--on-hang", "warn", "--",
@@ -70,3 +70,22 @@ def test_trace_strings_show_as_text(spawn, gloo_job, browser):
         assert page.locator("main script, main img").count() == 0, how
         page.reload()                                    # now as rendered by the server's template
         page.locator("#findings article.kind-stall").wait_for(timeout=10_000)
+
+
+def test_a_group_members_states_read_as_words_as_the_script_renders_them(spawn, recorded, browser):
+    """The Groups table as the page's script redraws it (not only as served): "dead, waiting in
+    #3", the API's words, never two states run together."""
+    import re
+
+    import httpx
+
+    dash = spawn(colltrace_cmd("dashboard", recorded["deadlock"], "--port", "0"), env=clean_env())
+    url = dash.wait_for(r"at (http://127\.0\.0\.1:\d+/)", timeout=60).group(1)
+    view = httpx.get(url + "api/view", timeout=10).json()
+    says = [m["says"] for g in view["groups"]["rows"] for m in g["members"]]
+    page = browser.new_page()
+    page.goto(url)
+    page.wait_for_function("() => Number(document.body.dataset.renders || 0) >= 1", timeout=30_000)
+    cells = page.locator("table.groups tr.member td:last-child").all_inner_texts()
+    assert cells == says and any(", waiting in #" in c for c in cells), cells
+    assert not [c for c in cells if re.search(r"\w(waiting in|behind by)", c)], cells

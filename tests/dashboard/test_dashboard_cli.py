@@ -86,6 +86,21 @@ def test_serves_a_folder_and_stops_on_ctrl_c(spawn, recorded):
     assert "Traceback" not in p.output()
 
 
+def test_the_folder_colltrace_run_makes_serves_its_newest_run(spawn, recorded, tmp_path):
+    import shutil
+
+    out_dir = tmp_path / "colltrace-out"
+    shutil.copytree(recorded["healthy"], out_dir / "run-20261125-090000")
+    shutil.copytree(recorded["deadlock"], out_dir / "run-20261125-101500")
+    p = spawn(colltrace_cmd("dashboard", out_dir, "--port", "0"))
+    url = p.wait_for(r"dashboard for .* at (http://127\.0\.0\.1:\d+/)", timeout=60).group(1)
+    assert httpx.get(url + "api/view", timeout=10).json()["verdict"]["problems"] == 1   # the newest: the deadlock
+    said = [l for l in p.output().splitlines() if "newest" in l]
+    assert len(said) == 1 and str(out_dir / "run-20261125-101500") in said[0], p.output()
+    p.popen.send_signal(signal.SIGINT)
+    assert p.popen.wait(timeout=20) in (0, 130)
+
+
 def test_with_a_token_from_the_environment(spawn, recorded):
     env = clean_env(COLLTRACE_DASHBOARD_TOKEN="t0ken")
     p = spawn(colltrace_cmd("dashboard", recorded["deadlock"], "--host", "127.0.0.1", "--port", "0"), env=env)

@@ -44,7 +44,7 @@ def test_broadcast_root_mismatch(torchrun_job):
     assert "root" in f["summary"].lower() or "src" in f["summary"].lower()
 
 
-def test_cross_group_deadlock_of_the_seeds(torchrun_job):
+def test_cross_group_deadlock_of_a_checkpoint_barrier_and_a_teacher(torchrun_job):
     job, rc = run(torchrun_job, "deadlock")
     assert rc != 0
     (f,) = [f for f in job.findings() if f["kind"] == "deadlock"]

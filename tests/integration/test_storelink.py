@@ -91,6 +91,17 @@ def test_which_store_the_watchdogs_meet_in(env, expected):
     assert storelink.address_from_env(env) == expected
 
 
+@pytest.mark.parametrize("env, told, expected", [
+    ({"MASTER_ADDR": "node0", "MASTER_PORT": "29500"}, "node1:4000", ("node1", 4000)),   # the job's own TCPStore
+    ({"MASTER_ADDR": "node0", "MASTER_PORT": "29500"}, "off", None),                     # a FileStore or HashStore
+    ({"MASTER_ADDR": "node0", "MASTER_PORT": "29500", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4"}, "node1:4000", None),
+    ({"COLLTRACE_STORE": "node2:5000"}, "off", ("node2", 5000)),                          # asked for
+])
+def test_the_rank_that_starts_the_watchdog_says_which_store_the_job_has(env, told, expected):
+    """A stale MASTER_ADDR/MASTER_PORT (an earlier test's) is never the store the watchdogs meet in."""
+    assert storelink.address_from_env(env, job_store=told) == expected
+
+
 def test_a_hung_nodes_summary_is_written_and_decoded_once_its_heartbeats_stay_fresh(store):
     node = storelink.StoreLink("127.0.0.1", store.port)
     leader = storelink.StoreLink("127.0.0.1", store.port)

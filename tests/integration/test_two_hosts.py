@@ -3,6 +3,7 @@ with its own trace folder (its own disk). The ranks meet over the veth only; so 
 watchdogs (the leader's meeting point, announced in the job's store)."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -105,6 +106,11 @@ def test_a_hang_across_two_hosts_is_named_by_the_leader_and_abort_ends_both(two_
     assert r["2"]["op"] == "barrier" and r["3"]["op"] == "gather"
     assert loc("ckpt_barrier") in frames_line(r["2"]) and loc("teacher_gather") in frames_line(r["3"])
     assert "ending ranks 2" in outs["b"][1] or "ending ranks 2-3" in outs["b"][1] or "ending ranks 2, 3" in outs["b"][1], outs["b"][1][-3000:]
+    # each host recorded which of its ranks it ended, and why: the leader's verdict reached host b
+    for h, ranks in (("a", ["0", "1"]), ("b", ["2", "3"])):
+        with open(os.path.join(dirs[h], f"ended-{h}.json")) as e:
+            record = json.load(e)
+        assert sorted(record["ranks"]) == ranks and record["why"] == "deadlock"
 
 
 def test_a_healthy_two_host_job_says_nothing(two_hosts, tmp_path):

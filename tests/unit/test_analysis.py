@@ -317,6 +317,19 @@ def test_completion_stall_when_everyone_entered_and_nothing_completes():
     assert "hung" in f["summary"] and "train.py:99" in f["summary"]
 
 
+def test_a_late_arrival_that_completed_does_not_make_the_others_look_hung():
+    """Rank 1 computed for 40 s, then entered the barrier and completed it; rank 0, waiting since
+    the start, has not returned yet when the watchdog looks. Every member entered only now: not a
+    completion stall (as if the backend had hung for 40 s), until it lasts the threshold."""
+    job = Job(2)
+    job.history("0", 1)
+    job.op(0, "0", 2, "barrier", "waiting", at="train.py:63", t=T)
+    job.op(1, "0", 2, "barrier", "completed", at="train.py:63", t=T + 40)
+    assert analyze(job.snap(), STALL, T + 40.2) == []
+    f = only(analyze(job.snap(), STALL, T + 40 + STALL + 1), "stall")
+    assert f["stage"] == "completion" and f["waited_s"] == pytest.approx(STALL + 1)
+
+
 def test_async_ops_stuck_behind_a_stall_join_it_instead_of_one_finding_each():
     """NCCL: ops in flight on the tensor-parallel groups do not complete while the ranks are stuck
     in a world all_reduce that rank 3 never enters; that stall is the one problem."""

@@ -66,3 +66,25 @@ def test_analyze_uses_the_jobs_own_stall_threshold(tmp_path):
     (f,) = json.loads(out.stdout)["findings"]
     assert f["kind"] == "stall" and f["missing_ranks"] == [1]
     assert cli("analyze", str(tmp_path), "--stall-s", str(STALL)).returncode == 0
+
+
+def test_the_folder_colltrace_run_makes_reads_its_newest_run(tmp_path):
+    """`colltrace analyze colltrace-out` (the folder `colltrace run` makes, holding run-* folders):
+    the newest run, as if named, and one line saying which."""
+    import os
+    import shutil
+
+    recorded = os.path.join(os.path.dirname(__file__), "..", "fixtures", "recorded")
+    out_dir = tmp_path / "colltrace-out"
+    shutil.copytree(os.path.join(recorded, "healthy"), out_dir / "run-20261125-090000")
+    newest = out_dir / "run-20261125-101500"
+    shutil.copytree(os.path.join(recorded, "deadlock"), newest)
+    (out_dir / "run-20261125-110000").mkdir()   # a run that never started a rank: nothing to read
+    perfetto = tmp_path / "t.json"
+    for args in (["analyze"], ["dump"], ["export", "--perfetto", perfetto]):
+        named, parent = cli(*args[:1], newest, *args[1:]), cli(*args[:1], out_dir, *args[1:])
+        assert (parent.returncode, parent.stdout) == (named.returncode, named.stdout), args
+        said = [l for l in parent.stderr.splitlines() if l not in named.stderr.splitlines()]
+        assert len(said) == 1 and said[0].startswith("colltrace: ") and str(newest) in said[0], parent.stderr
+    assert cli("analyze", out_dir).returncode == 1   # the deadlock, not the healthy run
+    assert "no colltrace traces" in cli("analyze", out_dir / "run-20261125-110000").stderr   # named: as before

@@ -24,6 +24,18 @@ def test_a_tcp_store_is_named_by_its_address():
     assert identity.job_id(dist.PrefixStore("default_pg", server), run) == f"abc@tcp:127.0.0.1:{server.port}"
 
 
+def test_the_watchdog_is_told_the_store_the_default_group_was_made_with(tmp_path):
+    """Not MASTER_ADDR/MASTER_PORT: in a test session they may be an earlier test's."""
+    from colltrace.rank import launcher
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    assert launcher.store_arg(dist.PrefixStore("default_pg", server)) == ["--store", f"127.0.0.1:{server.port}"]
+    assert launcher.store_arg(dist.PrefixStore("default_pg", dist.FileStore(str(tmp_path / "f"), 1))) == ["--store", "off"]
+    assert launcher.store_arg(dist.HashStore()) == ["--store", "off"]
+    assert launcher.store_arg(None) == []   # not found: the watchdog decides as before
+    assert launcher.watchdog_env({"COLLTRACE": "1", "TORCH_CPP_LOG_LEVEL": "INFO"})["TORCH_CPP_LOG_LEVEL"] == "FATAL"
+
+
 def test_a_folder_shared_by_hosts_keeps_every_host_of_the_newest_job():
     class T:
         def __init__(self, job, started):

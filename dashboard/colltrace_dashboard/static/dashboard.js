@@ -64,21 +64,13 @@
   function renderRanks(r) {
     $("rank-summary").textContent = r.summary;
     $("rank-rows").replaceChildren(...r.classes.map((c) => h("tr", {className: "status-" + c.status + " state-" + c.state},
-      h("th", {}, c.ranks), h("td", {}, c.count), h("td", {}, c.status), h("td", {}, under(c.state)),
+      h("th", {}, c.ranks), h("td", {}, c.count), h("td", {}, c.ending || c.status), h("td", {}, under(c.state)),
       h("td", {}, dash(c.op) + (c.peer !== null && c.peer !== undefined ? " ↔ rank " + c.peer : "")),
       h("td", {}, dash(c.group)), h("td", {}, dash(c.seq)), h("td", {}, secs(c.waiting_s)),
       h("td", {}, secs(c.heartbeat_age_s)), h("td", {className: "where"}, dash(c.where)))));
     const more = $("rank-more");
     more.hidden = !r.more;
     more.textContent = r.more ? "… " + r.more.classes + " more classes (" + r.more.ranks + " ranks)" : "";
-  }
-
-  function memberNote(m) {
-    const parts = [];
-    if (m.note) parts.push(m.note);
-    if (m.behind) parts.push("behind by " + m.behind);
-    else if (m.entered !== null && m.completed !== null && m.entered > m.completed) parts.push("waiting in #" + m.entered);
-    return parts.join(", ");
   }
 
   function renderGroups(g) {
@@ -92,7 +84,7 @@
       for (const m of row.members) {
         body.append(h("tr", {className: "member" + (m.behind ? " laggard" : "")}, h("td", {}), h("td", {}, m.ranks),
           h("td", {}, num(m.entered)), h("td", {}, num(m.completed)),
-          h("td", {}, memberNote(m))));
+          h("td", {}, m.says)));
       }
       table.append(body);
     }

@@ -2,7 +2,7 @@
 
     torchrun --standalone --nproc-per-node 4 scenarios.py SCENARIO
 
-Ranks 0-2 form the "train" group; rank 3 plays the teacher, as in the seeds' distillation job.
+Ranks 0-2 form the "train" group; rank 3 plays the teacher, as in a real distillation job.
 Each scenario prints READY on every rank just before its faulty step.
 """
 import ctypes
@@ -26,6 +26,13 @@ x = torch.ones(4)
 dist.all_reduce(x)
 dist.barrier()
 print("READY", flush=True)
+
+
+def build_model(seconds):
+    """Set-up work: computes (busy, not frozen) for `seconds`."""
+    end = time.time() + seconds
+    while time.time() < end:
+        torch.randn(64, 64) @ torch.randn(64, 64)  # op: late_setup
 
 
 def evaluate_forever():
@@ -71,6 +78,31 @@ elif scenario == "slow_ok":
     if rank == 0:
         time.sleep(float(os.environ.get("SLOW_S", "3")))  # op: slow_eval
     dist.barrier()  # op: slow_barrier
+    print("DONE", flush=True)
+elif scenario.startswith("late_"):
+    # A real job's shape, with its set-up time: one side waits at once while the other builds
+    # its model for SETUP_S seconds (past COLLTRACE_STALL_S: first a stall about busy ranks),
+    # and only then does what makes the hang certain, or ends it.
+    setup_s = float(os.environ.get("SETUP_S", "6"))
+    if scenario == "late_dead":
+        # ranks 0-2 wait in an all_reduce at once; rank 3 computes, then crashes
+        if rank == 3:
+            build_model(setup_s)
+            ctypes.string_at(0)  # op: late_segfault
+        dist.all_reduce(x)  # op: late_survivors
+    elif rank == 3:
+        if scenario == "late_mismatch":
+            dist.all_gather([torch.empty(4) for _ in range(world)], x)  # op: late_odd
+        else:   # the teacher waits for its first weights
+            dist.broadcast(torch.zeros(4), src=0, group=ipc)  # op: late_teacher_wait
+    else:
+        build_model(setup_s)
+        if scenario == "late_deadlock":
+            dist.barrier()  # op: late_barrier
+        elif scenario == "late_mismatch":
+            dist.all_reduce(x)  # op: late_common
+        elif scenario == "late_resolved":
+            dist.broadcast(torch.zeros(4), src=0, group=ipc)  # op: late_weights
     print("DONE", flush=True)
 elif scenario == "ddp_skip":
     # Rank 3's loss is "not finite": it skips backward and goes on to save, so its barrier meets

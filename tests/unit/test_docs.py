@@ -1,0 +1,52 @@
+"""What a reader with a clone meets in the README and the example's own README: folders the clone
+holds, and no story told by reference to documents it does not have."""
+from __future__ import annotations
+
+import glob
+import os
+import re
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+DOCS = ["README.md", "docs/design.md", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "examples", "*", "*")))]
+DOCS = [d for d in DOCS if d.endswith((".md", ".py"))]
+
+
+def text(doc: str) -> str:
+    with open(os.path.join(ROOT, doc)) as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_folder_a_doc_names_is_in_the_clone(doc):
+    """`examples/distill/`, `tests/fixtures/fr-gloo/`: a folder of two parts or more, named as
+    one to look in (single names such as `lightning/` are other projects' folders)."""
+    named = re.findall(r"`([\w.-]+(?:/[\w.-]+)+/)`", text(doc))
+    missing = [n for n in named if not os.path.isdir(os.path.join(ROOT, n))]
+    assert missing == [], f"{doc} names folders a clone does not have: {missing}"
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_no_doc_leans_on_reports_the_reader_has_not_got(doc):
+    found = re.findall(r"[^\n]*\b(?:the (?:user )?reports'?|the seeds'?|user reports)\b[^\n]*", text(doc), re.I)
+    assert found == [], f"{doc}: say what happened instead of pointing at reports: {found}"
+
+
+def test_what_build_hooks_saves_is_one_figure_in_the_help_the_install_notes_and_the_faq():
+    """The Performance section's measured figures (a traced 1-element all_reduce, with and without
+    the build, torch 2.13 and 2.14.1) are the ones the help, Install and the FAQ give."""
+    from colltrace.commands.build_hooks import BuildHooksCommand
+
+    readme = text("README.md")
+    on_213 = next(l for l in readme.splitlines() if l.startswith("| instructions per 1-element `all_reduce`"))
+    on_214 = next(l for l in readme.splitlines() if l.startswith("| the same on torch 2.14.1"))
+    measured = [re.search(r"traced \([^|]*?\) \*\*(\+[\d,]+)\*\*", on_213).group(1),
+                re.search(r"without the build[^|]*?\*\*(\+[\d,]+)\*\*", on_213).group(1),
+                re.search(r"traced \*\*(\+[\d,]+)\*\*", on_214).group(1),
+                re.search(r"the Python route[^|]*?\*\*(\+[\d,]+)\*\*", on_214).group(1)]
+    install = readme[readme.index("For the least cost per collective"):readme.index("## Quick start")]
+    faq = readme[readme.index("**What does it cost?**"):readme.index("**Which torch?**")]
+    for where, words in (("build-hooks' help", BuildHooksCommand.help), ("Install", install), ("the FAQ", faq)):
+        said = re.findall(r"\+[\d,]{3,}", words)
+        assert sorted(said) == sorted(measured), f"{where} says {said}; the Performance section measured {measured}"
