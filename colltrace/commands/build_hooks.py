@@ -26,6 +26,9 @@ class BuildHooksCommand:
             import torch
         except ImportError:
             raise ColltraceError("torch is not importable here; run build-hooks in the job's environment") from None
+        from colltrace import torchcompat
+
+        torchcompat.say_if_newer(torch.__version__)   # a build against an untested torch may fail: read it in that light
         if not hookbuild.available():
             raise ColltraceError(f"torch {torch.__version__} was built without torch.distributed; nothing to build for")
         if not fastpath.available():

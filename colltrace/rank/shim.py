@@ -525,6 +525,10 @@ def _ensure_recorder():
                 pass
             recorder = rec
             _state["recorder"] = rec
+            if rec.rank == 0:   # once per job, not per rank; tracing goes on whatever it says
+                from colltrace import torchcompat
+
+                torchcompat.say_if_newer()
             _install_funcol()
             from colltrace.rank import launcher
 
