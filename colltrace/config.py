@@ -25,6 +25,7 @@ class Settings:
     defs_max_bytes: int = 64 << 20   # interned stacks and signatures, per rank
     stack_depth: int = 48
     digest_bytes: int = 0            # >0: CRC-32 of collective inputs up to this size (COLLTRACE_DIGEST)
+    batches: bool = True             # COLLTRACE_BATCHES=0: no sampling of what DDP/FSDP models are fed (duplicate_data)
     watchdog: str = "auto"           # auto: the first rank on a host starts one; "off"/"external"
     poll_s: float = 0.1
     host: str = field(default_factory=socket.gethostname)
@@ -143,6 +144,7 @@ def load(env=None) -> Settings:
         defs_max_bytes=_int(env, "COLLTRACE_DEFS_MAX_MB", 64, 1, warnings) << 20,
         stack_depth=_int(env, "COLLTRACE_STACK_DEPTH", 48, 1, warnings),
         digest_bytes=_digest(env, warnings),
+        batches=env.get("COLLTRACE_BATCHES", "").strip().lower() not in ("0", "off", "no", "false"),
         watchdog=watchdog,
         poll_s=_float(env, "COLLTRACE_POLL_S", 0.1, 0.01, warnings),
         host=env.get("COLLTRACE_HOST", "").strip() or socket.gethostname(),

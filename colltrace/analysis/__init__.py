@@ -7,10 +7,11 @@ post-mortem by `colltrace analyze`.
     print(colltrace.reporters.text.render_report(findings))
 
 Kinds: mismatch, dead_rank, deadlock, stall (stage "arrival", "completion" or, for p2p,
-"unverified"), unmatched_p2p (HANG_KINDS), and duplicate_data (COLLTRACE_DIGEST: ranks that
-should send their own data send identical bytes; not a hang). Modules: view (validated view of the input), origins (where a
+"unverified"), unmatched_p2p (HANG_KINDS), and duplicate_data (ranks of a data-parallel group
+fed their model identical batches, or with COLLTRACE_DIGEST sent identical bytes where each should
+send its own; not a hang). Modules: view (validated view of the input), origins (where a
 frame's code comes from), matching (do the ranks' calls agree), waitgraph (who waits for whom,
-cycles), findings (the verdicts), culprits (root causes), desync and duplicates (warnings on
+cycles), findings (the verdicts), culprits (root causes), desync, duplicates and batches (on
 healthy runs). The text of findings is colltrace.reporters.text's job.
 """
 from __future__ import annotations

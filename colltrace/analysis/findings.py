@@ -11,7 +11,7 @@ stall / unmatched_p2p. Ranks stuck only because of a reported problem are listed
 """
 from __future__ import annotations
 
-from colltrace.analysis import duplicates
+from colltrace.analysis import batches, duplicates
 from colltrace.analysis.matching import Mismatch, check_collective
 from colltrace.analysis.view import PENDING, Rec, RankView, Snapshot, to_int
 from colltrace.analysis.waitgraph import Key, WaitGraph, coll_name
@@ -106,8 +106,12 @@ class Verdicts:
             made.append(self._deadlock(comp))
         for k in stall_roots:
             made.append(self._stall(k))
+        fed = batches.findings(self)   # what each rank fed its DDP/FSDP model
         for site in duplicates.find(self.snap):
-            made.append(self._duplicate(site))
+            dup = self._duplicate(site)
+            if not any(dup[2] <= own for _, _, own in fed):   # the same ranks' batches: one problem, named once
+                made.append(dup)
+        made.extend(fed)
         made.sort(key=lambda m: (PRIORITY.get(m[0]["kind"], 9), m[0]["key"]))
         # Who is stuck behind each problem: each rank credited once, to the first problem.
         seen = {n for _, nodes, _ in made for n in nodes}

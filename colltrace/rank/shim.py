@@ -525,6 +525,10 @@ def _ensure_recorder():
                 pass
             recorder = rec
             _state["recorder"] = rec
+            if settings.batches:
+                from colltrace.rank import batches
+
+                batches.resolve()
             if rec.rank == 0:   # once per job, not per rank; tracing goes on whatever it says
                 from colltrace import torchcompat
 
@@ -643,6 +647,10 @@ def install() -> bool:
         _sweep(replacements)
         _state["replacements"] = replacements
         _state["installed"] = True
+        if settings.batches:   # what each rank feeds its DDP/FSDP model (duplicate_data)
+            from colltrace.rank import batches
+
+            batches.install(settings, lambda: recorder)
         os.register_at_fork(after_in_child=_after_fork_in_child)
         if c10d.is_initialized():
             _ensure_recorder()
@@ -704,6 +712,9 @@ def uninstall() -> None:
                 setattr(_c10d, name, orig)
         _sweep(reverse)
         hooks.detach_all()
+        from colltrace.rank import batches
+
+        batches.uninstall()
         _state["originals"].clear()
         _state["installed"] = False
         _state["funcol"] = False

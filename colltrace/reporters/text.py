@@ -557,6 +557,8 @@ def _first_line(text, limit: int = 160) -> str:
 
 
 def _duplicate(f: dict) -> str:
+    if f.get("source") == "batches":
+        return _duplicate_batches(f)
     table = f.get("ranks") or {}
     rs = _sorted_ranks(table)
     sample = _sample(f, rs)
@@ -568,6 +570,32 @@ def _duplicate(f: dict) -> str:
             f"{_locations(f, rs)} in {f.get('identical_calls')} of the last {f.get('calls')} calls{span}. Ranks that "
             f"split the data normally send different batches. This is no hang: the job goes on, silently training on "
             f"duplicated data.")
+
+
+def _loader_clause(loader) -> str:
+    """Where the identical batches came from: the DataLoader the user built, and why it repeats."""
+    at = f"{os.path.basename(str(loader.get('file') or '?'))}:{loader.get('line')}"
+    if loader.get("distributed"):
+        n = loader.get("num_replicas")
+        return (f"the DataLoader at {at} has a DistributedSampler"
+                + (f" with num_replicas={n}" if n is not None else "") + ", yet the ranks read the same samples")
+    if loader.get("before_init"):
+        return f"the DataLoader at {at} was built before init_process_group (no DistributedSampler)"
+    return f"the DataLoader at {at} has no DistributedSampler (its sampler: {loader.get('sampler') or '?'})"
+
+
+def _duplicate_batches(f: dict) -> str:
+    """What each rank fed its DDP/FSDP model (colltrace/analysis/batches.py)."""
+    rs = _sorted_ranks(f.get("ranks") or {})
+    sample = _sample(f, rs)
+    g = (f.get("group") or {}).get("name")
+    loader = f.get("loader")
+    source = (_loader_clause(loader) if isinstance(loader, dict) and loader.get("line")
+              else f"no DataLoader was seen feeding them; the batches reach the model at {where(sample)}")
+    return (f"{rank_word(rs)} trained on identical batches in {f.get('identical_calls')} of {f.get('calls')} sampled "
+            f"steps: {source}. Their {f.get('model') or 'data-parallel'} model on {group_phrase(f, g)} is called at "
+            f"{where(sample)}; ranks that split the data feed it different batches. This is no hang: the job goes "
+            f"on, every one of these ranks repeating the same work.")
 
 
 def _natural(s: str):
@@ -735,6 +763,15 @@ def advice(finding: dict) -> str:
     if not isinstance(look, dict):
         return str(finding.get("advice") or "")
     kind = finding.get("kind")
+    if look.get("reason") == "data_split" and isinstance(finding.get("loader"), dict):
+        loader = finding["loader"]
+        at = f"{os.path.basename(str(loader.get('file') or '?'))}:{loader.get('line')}"
+        if loader.get("distributed"):
+            return (f"Look first at the DataLoader at {at}: its DistributedSampler must be given the world "
+                    f"(num_replicas) and this rank's own rank, or left to read them from the process group.")
+        fix = "build it after init_process_group with" if loader.get("before_init") else "give it"
+        return (f"Look first at the DataLoader at {at}: {fix} sampler=DistributedSampler(dataset) (or let your "
+                f"framework's prepare/Trainer shard it), and call sampler.set_epoch(epoch) each epoch.")
     if look.get("reason") == "data_split":
         return ("Look first at how the data is split over the ranks: a DataLoader without a DistributedSampler "
                 "(or one built before init_process_group) gives every rank the same batches.")

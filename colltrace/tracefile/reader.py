@@ -13,7 +13,7 @@ import re
 
 from colltrace.rank import flightrecorder, identity
 from colltrace.analysis import origins
-from colltrace.tracefile import endings, ringfile
+from colltrace.tracefile import batchlog, endings, ringfile
 from colltrace.tracefile.ringfile import COMPLETE, ENTER, F_ASYNC, F_DIGEST, F_DONE, F_P2P, FAIL, RETURN, UNTRACED
 from colltrace.errors import InputError
 from colltrace.model import build, schema
@@ -102,6 +102,7 @@ class RankTrace:
         self._fr: tuple | None = None   # (mtime, the Flight Recorder dump) read from rank-N.fr.json
         self.last_event_t = 0.0   # time of the newest slot read: a live stack older than it is stale
         self.digests = False   # some record carries an input digest (COLLTRACE_DIGEST)
+        self.batches = batchlog.BatchLog()   # sampled inputs of data-parallel models
         self._untraced = 0
 
     # -- definitions ----------------------------------------------------------------------
@@ -125,6 +126,7 @@ class RankTrace:
                 self.records.clear()
                 self.open.clear()
                 self.progress.clear()
+                self.batches = batchlog.BatchLog()
             elif k == "exit":
                 self.exit = d
             elif k == "exception":
@@ -136,6 +138,8 @@ class RankTrace:
                 self.errors[int(d["rec"])] = d
             elif k == "note":
                 self.notes.append(str(d.get("text", "")))
+            elif k in batchlog.KINDS:
+                self.batches.apply(d)
         except (KeyError, TypeError, ValueError):
             self.defs.bad_lines += 1
 
@@ -345,7 +349,8 @@ class RankTrace:
             self.rank, self.meta, status, exit_info, heartbeat=self.ring.heartbeat, progress=progress,
             records=self.all_records(), lost_slots=self.ring.lost, roots_ok=origins.valid_roots(self.meta.get("roots")),
             digests=self.digests, untraced=flightrecorder.untraced_since(self.flight_recorder(), progress),
-            fault=self.fault(), exception=self.exception, thread_exceptions=self.thread_exceptions)
+            fault=self.fault(), exception=self.exception, thread_exceptions=self.thread_exceptions,
+            batches=self.batches.entry(self.frames))
 
 
 def job_stall_s(snap: dict, default: float | None = None) -> float:

@@ -56,7 +56,7 @@ def test_correct_trainer_learns_and_gives_no_finding(torchrun_job, tmp_path):
 
 
 @pytest.mark.parametrize("bug,barrier_at,teacher_op,teacher_at,same_kind", [
-    # the reports' story: ranks 0-2 sync a new checkpoint folder on the default group while the
+    # the team's story: ranks 0-2 sync a new checkpoint folder on the default group while the
     # teacher waits in its model-ready broadcast on the ipc group; the same kind elsewhere: the
     # two other collectives whose group may be the default one, the next to run first
     ("checkpoint_barrier", "checkpoint_barrier", "broadcast", "teacher_ready",
@@ -130,13 +130,18 @@ def test_segfault_mid_step_is_a_dead_rank_with_its_line(torchrun_job, tmp_path):
     assert f["last_collective"]["op"] == "scatter"
 
 
-def test_duplicated_data_is_named_with_digests_and_never_aborts(torchrun_job, tmp_path):
+@pytest.mark.parametrize("digest", ["", "1"])
+def test_duplicated_data_is_named_and_never_aborts(torchrun_job, tmp_path, digest):
     """No hang and no wrong collective: the collectives are those of a correct run, so only the
-    data can tell. With COLLTRACE_DIGEST=1 colltrace names the identical batches; the job runs on."""
-    job, rc = run(torchrun_job, tmp_path, "loader_before_pg", COLLTRACE_DIGEST="1")
+    data can tell. By default colltrace names the identical batches the training ranks feed their
+    DDP model, and the loader behind them; the job runs on. With COLLTRACE_DIGEST=1 the identical
+    gathers to the teacher are the same problem: still one finding."""
+    job, rc = run(torchrun_job, tmp_path, "loader_before_pg", COLLTRACE_DIGEST=digest)
     assert rc == 0, job.err[-3000:]
     assert "done: 30 steps" in job.out
     f = the(job.findings(), "duplicate_data")
-    assert sorted(f["ranks"]) == ["0", "1", "2"] and f["groups"][f["group"]["name"]]["desc"] == "ipc"
+    assert sorted(f["ranks"]) == ["0", "1", "2"] and f["groups"][f["group"]["name"]]["desc"] == "train"
     assert f["identical_calls"] >= 3 and f["identical_calls"] == f["calls"]
-    assert mark("send_batch") in lines(f["ranks"]["0"]) and "DistributedSampler" in f["summary"]
+    assert mark("forward") in lines(f["ranks"]["0"])
+    assert f["loader"]["file"].endswith("data.py") and f["loader"]["before_init"] is True
+    assert "was built before init_process_group (no DistributedSampler)" in f["summary"]
