@@ -15,10 +15,11 @@ from colltrace.analysis import batches, duplicates
 from colltrace.analysis.matching import Mismatch, check_collective
 from colltrace.analysis.view import PENDING, Rec, RankView, Snapshot, to_int
 from colltrace.analysis.waitgraph import Key, WaitGraph, coll_name
-from colltrace.model.schema import EXITED, IN_FLIGHT, NOT_IN_COLLECTIVE, UNKNOWN, UNREADABLE, WAITING
+from colltrace.model.schema import ALIVE, EXITED, IN_FLIGHT, NOT_IN_COLLECTIVE, UNKNOWN, UNREADABLE, WAITING
 
 MAX_ALSO_MISSING = 64   # other absent members described in a dead_rank finding (all are listed)
 MISMATCH_SETTLE_S = 0.3  # a mismatch waits this long after the last arrival for members still coming
+DEATH_SETTLE_S = 0.3     # a rank dead with nobody seen waiting yet: its consequences show within this
 ROUTINE_SAMPLE = 8      # waiters per key sampled to tell routine calls from odd ones
 ROUTINE_WINDOW = 64     # recent records per rank searched for the same call
 PRIORITY = {"mismatch": 0, "dead_rank": 1, "deadlock": 2, "stall": 3, "unmatched_p2p": 3, "duplicate_data": 5}
@@ -90,11 +91,12 @@ class Verdicts:
             if self._settled(mm):   # unsettled ones still keep their key out of deadlocks and stalls
                 made.append(self._mismatch(mm))
         dead = set(dead_causes)
+        settling = set()   # dead alone a moment ago: reported next round, with its consequences
         for rank, view in self.snap.ranks.items():
-            if view.alone and rank not in dead:
-                dead.add(rank)  # crashed or killed alone: worth a finding before anyone waits for it
-        dead.update(self._raised_first(dead))
-        if any(self.snap.ranks[r].fatal for r in dead):
+            if view.alone and rank not in dead:   # crashed or killed alone: worth a finding before anyone waits
+                (settling if self._just_died(view) else dead).add(rank)
+        dead.update(self._raised_first(dead | settling) - settling)
+        if any(self.snap.ranks[r].fatal for r in dead | settling):
             # A rank that died of a signal is the first cause: a peer's exception at the same time
             # ("Connection closed by peer" from DDP's untraced all-reduce) is its consequence, even
             # when that exception is read before the crash is seen.
@@ -130,6 +132,16 @@ class Verdicts:
                 f["unreadable"] = {str(r): e for r, e in self.snap.unreadable.items()}
             out.append(f)
         return out
+
+    def _just_died(self, view) -> bool:
+        """Seen dead a moment ago with nobody waiting for it yet, while other ranks still run: their
+        collectives with it fail, or they enter the next one, within milliseconds. The finding
+        waits DEATH_SETTLE_S for them, so that it names who waits and whose collective failed,
+        not "no rank waits". Once no other rank is alive (the launcher ended them, or the files
+        are read after the job) there is nothing more to see: it is named at once."""
+        if view.died_at is None or self.now - view.died_at >= DEATH_SETTLE_S:
+            return False
+        return any(v.status == ALIVE for r, v in self.snap.ranks.items() if r != view.rank)
 
     def _mismatches(self) -> dict[str, Mismatch]:
         """Mismatches among the collectives someone is pending in or that failed: the ones that

@@ -398,6 +398,22 @@ def test_crashed_rank_nobody_waits_for_yet_and_clean_exit_is_nothing():
     assert f["last_collective"]["op"] == "barrier" and "die.py:21" in f["summary"]
 
 
+def test_a_crash_nobody_waits_for_yet_is_named_once_its_consequences_can_show():
+    """Seen dead 1 ms after it crashed, before its peers' collectives with it failed (gloo needs a
+    few ms to see the connection close): the finding waits a moment to name them."""
+    job = Job(2)
+    job.history("0", 2)
+    job.op(1, "0", 3, "barrier", "waiting", at="die.py:21", t=T)
+    job.set(1, status="dead", exit={"signal": "SIGSEGV", "code": -11}, died_at=T + 1)
+    assert analyze(job.snap(), STALL, T + 1.001) == []
+    f = only(analyze(job.snap(), STALL, T + 1.4), "dead_rank")
+    assert f["rank"] == 1 and "SIGSEGV" in f["summary"]
+    # the launcher ended the others at once (or the files are read after the job): nothing left to wait for
+    job.set(0, status="dead", exit={"signal": None, "note": "gone without a trace"}, died_at=T + 1.001)
+    f = only(analyze(job.snap(), STALL, T + 1.001), "dead_rank")
+    assert f["rank"] == 1 and "SIGSEGV" in f["summary"]
+
+
 def test_rank_that_exited_while_others_wait_for_it():
     job = Job(2)
     job.history("0", 3)
