@@ -1,18 +1,21 @@
 """The analyzer: a snapshot (plain data, docs/design.md) in, findings (docs/findings.md) out.
 
 Pure and deterministic: no I/O, no torch, everything sorted. Used live by the watchdog and
-post-mortem by `colltrace analyze`.
+post-mortem by `colltrace analyze`. It says facts: each finding's paragraph ("summary") and
+"advice" are left empty for the reporter, which the callers that show findings ask themselves.
 
-    findings = analyze(snapshot, stall_s=30.0, now=time.time())
-    print(colltrace.reporters.text.render_report(findings))
+    from colltrace.reporters import text
+    findings = text.summarize(analyze(snapshot, stall_s=30.0, now=time.time()))
+    print(text.render_report(findings))
 
 Kinds: mismatch, dead_rank, deadlock, stall (stage "arrival", "completion" or, for p2p,
 "unverified"), unmatched_p2p (HANG_KINDS), and duplicate_data (ranks of a data-parallel group
 fed their model identical batches, or with COLLTRACE_DIGEST sent identical bytes where each should
-send its own; not a hang). Modules: view (validated view of the input), origins (where a
-frame's code comes from), matching (do the ranks' calls agree), waitgraph (who waits for whom,
-cycles), findings (the verdicts), culprits (root causes), desync, duplicates and batches (on
-healthy runs). The text of findings is colltrace.reporters.text's job.
+send its own; not a hang). Modules: view (validated view of the input; where a frame's code
+comes from is colltrace/origins.py's), matching (do the ranks' calls agree), waitgraph (who waits
+for whom, cycles), findings (the verdicts), culprits (root causes), desync, duplicates and batches
+(on healthy runs). The text of findings is colltrace.reporters.text's job; this package never
+imports it (docs/design.md, "Dependency order").
 """
 from __future__ import annotations
 
@@ -20,13 +23,13 @@ import gc
 
 from colltrace.analysis.findings import HANG_KINDS, Verdicts
 from colltrace.analysis.view import Snapshot
-from colltrace.reporters import text
 
 __all__ = ["analyze", "HANG_KINDS"]
 
 
 def analyze(snap: dict, stall_s: float, now: float) -> list[dict]:
-    """Every confirmed problem in the snapshot, as finding dicts, most important first.
+    """Every confirmed problem in the snapshot, as finding dicts, most important first: the
+    facts, with "summary" and "advice" empty (colltrace.reporters.text.summarize writes them).
 
     `stall_s`: how long a collective may wait for ranks that have not arrived before it is a
     stall (deadlocks, mismatches and dead ranks need no threshold). `now`: the time the
@@ -44,9 +47,7 @@ def analyze(snap: dict, stall_s: float, now: float) -> list[dict]:
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        # The verdicts are facts; the reporter writes each one's paragraph (its "summary")
-        # the moment it is made, as the contract asks.
-        return text.summarize(Verdicts(Snapshot(snap), stall_s, now).run())
+        return Verdicts(Snapshot(snap), stall_s, now).run()
     finally:
         if was_enabled:
             gc.enable()

@@ -19,7 +19,7 @@ No table of framework group names: only groups, sequence numbers and who waits o
 """
 from __future__ import annotations
 
-from colltrace.reporters import text as report   # rank lists and joins in the reasons
+from colltrace.words import and_list, rank_word   # rank lists and joins in the reasons
 
 
 
@@ -53,10 +53,10 @@ def _roots(f: dict) -> tuple[str, list[int], str]:
         rest = [c for c in f.get("classes") or () if c not in odd]
         differs = [d.replace("_", " ") for d in f.get("differs") or ()]
         if odd and rest and "op" in differs:
-            why = (f"called {odd[0].get('op')} where {report.rank_word(rest[0]['ranks'])} called "
+            why = (f"called {odd[0].get('op')} where {rank_word(rest[0]['ranks'])} called "
                    f"{rest[0].get('op')}, as #{f.get('seq')} on group {g}")
         else:
-            why = f"called {where} with different {report._and(differs) or 'arguments'} than the other members"
+            why = f"called {where} with different {and_list(differs) or 'arguments'} than the other members"
         return "root", rs, why
     if kind == "dead_rank":
         return "root", [int(f["rank"])], "died (or exited) while the others still needed it"
@@ -65,7 +65,7 @@ def _roots(f: dict) -> tuple[str, list[int], str]:
         first = cyc[0]
         why = f"waited in {first.get('op')} #{first.get('seq')} on group {first.get('group')}"
         if first.get("missing"):
-            why += f", which {report.rank_word(first['missing'])} never called"
+            why += f", which {rank_word(first['missing'])} never called"
             other = next((c for c in cyc[1:] if set(c.get("waiting") or ()) & set(first["missing"])), None)
             if other:
                 why += f" (waiting in {other.get('op')} #{other.get('seq')} on group {other.get('group')} instead)"
@@ -81,11 +81,11 @@ def _roots(f: dict) -> tuple[str, list[int], str]:
     if f.get("stage") == "completion":
         if f.get("completed_ranks"):
             return "lag", sorted(f.get("waiting") or []), (f"did not complete {where}, which "
-                                                           f"{report.rank_word(f['completed_ranks'])} completed")
+                                                           f"{rank_word(f['completed_ranks'])} completed")
         return "backend", sorted(f.get("waiting") or []), f"entered {where} with everyone, and it never completes"
     rs = sorted(set(f.get("missing_ranks") or []) | set(f.get("unknown_ranks") or []))
     waiting = f.get("waiting") or []
-    return "root", rs, (f"never entered {where}" + (f", where {report.rank_word(waiting)} waited" if waiting else ""))
+    return "root", rs, (f"never entered {where}" + (f", where {rank_word(waiting)} waited" if waiting else ""))
 
 
 def _waiters(f: dict) -> set[int]:

@@ -9,9 +9,9 @@ both sides of a root / non-root branch call (a gather with and without a list) i
 """
 from __future__ import annotations
 
-from colltrace.reporters.text import frame_text, rank_word
 from colltrace.analysis.view import Snapshot, to_int
 from colltrace.model.schema import COMPLETED
+from colltrace.words import frame_text, rank_word
 
 MAX_WARNINGS = 20
 
@@ -72,3 +72,12 @@ def find(snap: Snapshot) -> list[dict]:
             }
         w["seqs"].append(seq)
     return list(out.values())
+
+
+def of_snapshot(snap: dict) -> list[dict]:
+    """Silent desyncs of a whole snapshot: warnings, never a reason to fail (nor to fail a report)."""
+    try:
+        return find(Snapshot(snap))
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return []
+

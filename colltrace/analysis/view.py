@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 
-from colltrace.analysis import origins
+from colltrace import origins
 from colltrace.model.schema import COMPLETED, DEAD, EXITED, FAILED, PENDING, UNREADABLE, WAITING
 
 PENDING_OR_FAILED = PENDING | {FAILED}

@@ -25,7 +25,7 @@ import os
 import re
 from dataclasses import asdict, dataclass
 
-from colltrace.analysis import origins
+from colltrace import origins
 from colltrace.callsites import scan
 
 RULES = {

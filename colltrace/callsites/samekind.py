@@ -19,9 +19,9 @@ from __future__ import annotations
 import functools
 import os
 
-from colltrace.analysis import origins
+from colltrace import origins
 from colltrace.callsites import scan
-from colltrace.reporters.text import user_frames
+from colltrace.origins import user_frames
 
 KINDS = ("deadlock", "stall")
 MAX_SITES = 50

@@ -26,50 +26,29 @@ class AnalyzeCommand:
                             "rank-numbered files share, e.g. nccl_trace_rank_)")
 
     def run(self, args, parser) -> int:
-        from colltrace.analysis import culprits
-        from colltrace.reporters.text import render_report
+        from colltrace.analysis import culprits, desync
+        from colltrace.reporters.text import render_verdict
 
         args.dir = postmortem.resolve(args.dir)
-        snap, findings = postmortem.analyzed(args.dir, args.prefix, args.stall_s)   # InputError: exit 2
+        snap, findings = analyzed(args.dir, args.prefix, args.stall_s)   # InputError: exit 2
         samekind.annotate(findings)   # reads the user's source files: after the (pure) analysis
-        verdict = culprits.explain(findings)
-        warnings = _warnings(snap)
+        warnings = desync.of_snapshot(snap)
         if args.json:
-            json.dump({"findings": findings, "culprits": verdict["culprits"], "warnings": warnings}, sys.stdout,
-                      indent=2, default=str)
+            json.dump({"findings": findings, "culprits": culprits.explain(findings)["culprits"], "warnings": warnings},
+                      sys.stdout, indent=2, default=str)
             sys.stdout.write("\n")
         else:
-            text = self._text(findings, verdict, render_report)
-            sys.stdout.write(text + "\n")
-            if warnings:
-                from colltrace.reporters.text import render_warnings
-                sys.stdout.write("\n" + render_warnings(warnings) + "\n")
+            sys.stdout.write(render_verdict(findings, warnings) + "\n")   # what report.txt holds
         return EXIT_FOUND if findings else EXIT_OK   # warnings alone: the run is not wrong (yet)
 
-    @staticmethod
-    def _text(findings, verdict, render_report) -> str:
-        """The culprits first; findings that are only work stuck behind them (NCCL queues a whole
-        step behind one stuck rank) are counted, not printed: --json lists every one."""
-        from colltrace.reporters.text import culprit_paragraph
 
-        paragraph = culprit_paragraph(verdict["culprits"], verdict["reasons"], verdict["others"])
-        if not paragraph:
-            return render_report(findings)
-        behind = set(verdict["consequences"])
-        shown = [f for f in findings if f.get("key") not in behind]
-        text = paragraph + "\n\n" + render_report(shown)
-        if len(shown) < len(findings):
-            text += (f"\n\n{len(findings) - len(shown)} more findings are collectives stuck behind the culprits "
-                     f"on the other ranks (every member arrived; the work never completes): see --json.")
-        return text
+def analyzed(directory: str, prefix: str | None, stall_s: float | None) -> tuple[dict, list[dict]]:
+    """(snapshot, findings with their paragraphs) of DIR, judged by `stall_s` or else the job's own
+    threshold. Raises reader.TraceError on unreadable input. `colltrace export` draws the same."""
+    from colltrace.analysis import analyze
+    from colltrace.reporters.text import summarize
+    from colltrace.tracefile import reader
 
-
-def _warnings(snap: dict) -> list[dict]:
-    """Silent desyncs (colltrace/analysis/desync.py): warnings, never a reason to fail."""
-    from colltrace.analysis import desync
-    from colltrace.analysis.view import Snapshot
-
-    try:
-        return desync.find(Snapshot(snap))
-    except (TypeError, ValueError, KeyError, AttributeError):
-        return []
+    snap = postmortem.load(directory, prefix)
+    threshold = stall_s if stall_s is not None else reader.job_stall_s(snap)
+    return snap, summarize(analyze(snap, stall_s=threshold, now=snap["taken_at"]))

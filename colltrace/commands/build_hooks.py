@@ -8,7 +8,7 @@ import sys
 
 class BuildHooksCommand:
     name = "build-hooks"
-    # The figures are the README's Performance section's (tests/unit/test_docs.py holds them together).
+    # The figures are benchmarks/README.md's (tests/unit/test_docs.py holds them equal to the README's).
     help = ("Compile colltrace's C++ module for this torch (needs a C++ compiler and ninja), once per environment: "
             "ranks then read group counters and tensors from C++ and, on torch >= 2.14, register c10d's hooks "
             "from C++. A traced 1-element all_reduce then adds +4,310 instructions instead of +6,559 on "

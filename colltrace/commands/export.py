@@ -22,10 +22,11 @@ class ExportCommand:
     def run(self, args, parser) -> int:
         from colltrace.reporters import timeline
         from colltrace.analysis import culprits
+        from colltrace.commands.analyze import analyzed   # the findings `colltrace analyze` shows
         from colltrace.errors import UsageError
 
         args.dir = postmortem.resolve(args.dir)
-        snap, findings = postmortem.analyzed(args.dir, args.prefix, args.stall_s)   # InputError: exit 2
+        snap, findings = analyzed(args.dir, args.prefix, args.stall_s)   # InputError: exit 2
         doc = timeline.build(snap, findings, culprits.explain(findings)["culprits"])
         tmp = args.perfetto + ".tmp"
         try:

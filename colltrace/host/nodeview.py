@@ -7,8 +7,7 @@ import time
 
 from colltrace.host import probes
 from colltrace.model import build
-from colltrace.rank import flightrecorder
-from colltrace.tracefile import reader
+from colltrace.tracefile import asks, reader
 
 SUMMARY_RECORDS = 64          # recent records per rank sent to the analysis (open ones always)
 STACK_REFRESH_S = 1.0       # a suspect's stack is sampled this often: progress over time
@@ -129,7 +128,7 @@ class NodeView:
         # rank's own poller thread while py-spy reads the stacks below. All asked first.
         for rank, _ in due:
             try:
-                flightrecorder.request(self.dir, rank)
+                asks.request_fr(self.dir, rank)
             except OSError:
                 pass
         got = probes.live_stacks(self.dir, {rank: (tr.meta.get("pid"), tr.meta) for rank, tr in due})
@@ -147,7 +146,7 @@ class NodeView:
         deadline = time.monotonic() + FR_WAIT_S
         pending = [rank for rank, _ in due]
         while pending and time.monotonic() < deadline:
-            pending = [r for r in pending if not flightrecorder.answered(self.dir, r) and not process_gone(self.traces[r].meta.get("pid"))]
+            pending = [r for r in pending if not asks.fr_answered(self.dir, r) and not process_gone(self.traces[r].meta.get("pid"))]
             if pending:
                 time.sleep(0.02)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 
+from colltrace.analysis import desync
 from colltrace.reporters import text as report
 from colltrace.tracefile import storage
 
@@ -35,7 +36,7 @@ class Outputs:
                 for finding in new:
                     f.write(json.dumps(finding, default=str) + "\n")
             self.json("snapshot.json", snap)
-            self.report(reported)
+            self.report(reported, snap)
         except OSError as exc:
             self._write_failed(exc)
         for finding in new:
@@ -45,9 +46,10 @@ class Outputs:
                 self.stream.write(report.supersedes_line(finding) + "\n")
         self.say(f"colltrace: details in {self.dir}/report.txt; run: colltrace analyze {self.dir}")
 
-    def report(self, reported: list[dict]) -> None:
+    def report(self, reported: list[dict], snap: dict | None = None) -> None:
+        """report.txt: the verdict in the words `colltrace analyze` uses (culprits first)."""
         with open(os.path.join(self.dir, "report.txt"), "w") as f:
-            f.write(report.render_report(reported))
+            f.write(report.render_verdict(reported, desync.of_snapshot(snap) if snap else []) + "\n")
 
     def json(self, name: str, obj, warn: bool = True) -> None:
         """Replaced whole (written aside, then renamed): a reader never sees half a file."""

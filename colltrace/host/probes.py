@@ -11,23 +11,20 @@ The routes, tried in turn (the one that answered is said in the report):
   3. "py-spy": reads the stack from outside. Needs ptrace (same user and ptrace_scope 0, or
      root/CAP_SYS_PTRACE; SYS_PTRACE in Docker/Kubernetes).
 
-The rank side (StackResponder, install_signal) runs in the traced process; the rest in the
-watchdog. classify() is plain data in, plain data out.
+The rank side of the first two (StackResponder, install_signal) runs in the traced process and
+lives with the request files in colltrace/tracefile/asks.py; this is the watchdog's side.
+classify() is plain data in, plain data out.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
-import signal
-import sys
-import threading
 import time
 
-from colltrace.tracefile import asks
+from colltrace.tracefile.asks import stack_answer_path, stack_request_path, stack_signal_path
 from colltrace.model.schema import WAITING
 
-SIGNAL_OFFSET = 7            # SIGRTMIN+7: a real-time signal programs seldom use
 INPROC_WAIT_S = 0.4          # the poller wakes every poll period (0.1 s): a free GIL answers well within
 SIGNAL_WAIT_S = 0.5          # faulthandler writes in microseconds once the signal is delivered
 MIN_WINDOW_S = 0.5           # samples must span this long before a rank is called frozen or busy
@@ -46,104 +43,9 @@ IO_LINE = re.compile(r"\.(recv\w*|read\w*|accept|select|poll|communicate|urlopen
                      r"\b(select\.select|input|urlopen)\s*\(")
 
 
-def stack_signal() -> int | None:
-    try:
-        return signal.SIGRTMIN + SIGNAL_OFFSET
-    except AttributeError:   # no real-time signals (macOS)
-        return None
-
-
-def request_path(directory: str, rank: int) -> str:
-    return os.path.join(directory, f"rank-{rank:05d}.stack-request")
-
-
-def answer_path(directory: str, rank: int) -> str:
-    return os.path.join(directory, f"rank-{rank:05d}.stack.json")
-
-
-def signal_path(directory: str, rank: int) -> str:
-    return os.path.join(directory, f"rank-{rank:05d}.stack-signal.txt")
-
-
-# -- rank side ---------------------------------------------------------------------------------
-def install_signal(directory: str, rank: int) -> tuple[dict, object]:
-    """Register faulthandler on colltrace's signal, from the main thread only (registering from
-    another thread crashes CPython 3.11 when the signal comes). Left alone where the program
-    installed a handler there. chain=False: there is nothing to chain to (we only take a signal
-    nobody handles, and chaining to its default action would end the rank), and without chain
-    faulthandler sets SA_RESTART, so a system call the signal interrupts is resumed.
-    Returns (what goes into the rank's meta line, the open file to keep)."""
-    import faulthandler
-
-    sig = stack_signal()
-    if sig is None:
-        return {"stack_signal": None, "stack_signal_note": "no real-time signals on this platform"}, None
-    if threading.current_thread() is not threading.main_thread():
-        return {"stack_signal": None, "stack_signal_note": "tracing started outside the main thread"}, None
-    try:
-        if signal.getsignal(sig) != signal.SIG_DFL:
-            return {"stack_signal": None, "stack_signal_note": f"the program handles signal {sig} itself"}, None
-        f = open(signal_path(directory, rank), "a")
-        faulthandler.register(sig, file=f, all_threads=True, chain=False)
-    except (OSError, ValueError, RuntimeError) as exc:
-        return {"stack_signal": None, "stack_signal_note": f"not registered: {exc}"}, None
-    return {"stack_signal": int(sig), "main_thread": threading.main_thread().ident}, f
-
-
-
-def uninstall_signal(f) -> None:
-    """Undo install_signal (a rank whose trace could not be started): unregister, close, remove."""
-    if f is None:
-        return
-    import faulthandler
-
-    try:
-        faulthandler.unregister(stack_signal())
-    except (ValueError, RuntimeError, TypeError):
-        pass
-    try:
-        f.close()
-        os.unlink(f.name)
-    except OSError:
-        pass
-
-def _frames_of(frame, limit: int = 128) -> list[dict]:
-    out = []
-    while frame is not None and limit:
-        code = frame.f_code
-        out.append({"file": code.co_filename, "line": frame.f_lineno, "func": code.co_name})
-        frame = frame.f_back
-        limit -= 1
-    out.reverse()
-    return out
-
-
-def current_stacks() -> dict:
-    """Every thread's stack (innermost last), but for the caller's own thread."""
-    me = threading.get_ident()
-    names = {t.ident: t.name for t in threading.enumerate()}
-    main = threading.main_thread().ident
-    threads = []
-    for ident, frame in sys._current_frames().items():
-        if ident == me:
-            continue
-        threads.append({"ident": ident, "name": names.get(ident, str(ident)), "main": ident == main,
-                        "frames": _frames_of(frame)})
-    return {"t": time.time(), "threads": threads}
-
-
-class StackResponder(asks.Responder):
-    """Rank side: answers the watchdog's request with every thread's stack."""
-
-    def __init__(self, directory: str, rank: int):
-        super().__init__(request_path(directory, rank), answer_path(directory, rank))
-
-    def answer(self) -> dict:
-        return current_stacks()
-
 # -- watchdog side: the routes -------------------------------------------------------------------
 def ask(directory: str, rank: int) -> None:
-    path = request_path(directory, rank)
+    path = stack_request_path(directory, rank)
     with open(path, "a"):
         pass
     os.utime(path, None)
@@ -152,9 +54,10 @@ def ask(directory: str, rank: int) -> None:
 def _answer(directory: str, rank: int) -> dict | None:
     """The in-process answer, if it answers the latest request."""
     try:
-        if os.stat(answer_path(directory, rank)).st_mtime_ns < os.stat(request_path(directory, rank)).st_mtime_ns:
+        answered = os.stat(stack_answer_path(directory, rank)).st_mtime_ns
+        if answered < os.stat(stack_request_path(directory, rank)).st_mtime_ns:
             return None
-        with open(answer_path(directory, rank)) as f:
+        with open(stack_answer_path(directory, rank)) as f:
             data = json.load(f)
     except (OSError, ValueError):
         return None
@@ -174,7 +77,7 @@ def _send_signal(directory: str, rank: int, pid: int, meta: dict) -> str | None:
     if not sig:
         return meta.get("stack_signal_note") or "no stack signal registered"
     try:
-        os.truncate(signal_path(directory, rank), 0)   # the rank appends (O_APPEND): its next dump starts the file
+        os.truncate(stack_signal_path(directory, rank), 0)   # the rank appends (O_APPEND): its next dump starts the file
         os.kill(pid, int(sig))
     except OSError as exc:
         return f"signal: {exc.strerror or exc}"
@@ -186,7 +89,7 @@ def _read_signal(directory: str, rank: int, meta: dict) -> list[dict] | None:
     from colltrace.tracefile.reader import parse_fault
 
     try:
-        with open(signal_path(directory, rank), errors="replace") as f:
+        with open(stack_signal_path(directory, rank), errors="replace") as f:
             text = f.read()
     except OSError:
         return None
@@ -219,7 +122,7 @@ def by_signal(directory: str, ranks: dict[int, tuple[int, dict]]) -> dict[int, t
         time.sleep(0.02)
         for rank in list(sent):
             try:
-                size = os.path.getsize(signal_path(directory, rank))
+                size = os.path.getsize(stack_signal_path(directory, rank))
             except OSError:
                 size = 0
             if size and size == sizes.get(rank):   # written, and no longer growing
@@ -289,7 +192,7 @@ def dump_text(directory: str, rank: int, pid: int, meta: dict, native: bool = Tr
     sig = meta.get("stack_signal")
     if sig and by_signal(directory, {rank: (pid, meta)})[rank][0] is not None:
         try:
-            with open(signal_path(directory, rank), errors="replace") as f:
+            with open(stack_signal_path(directory, rank), errors="replace") as f:
                 return f"(by faulthandler on signal {sig}; py-spy: {why})\n" + f.read()
         except OSError:
             pass
@@ -329,7 +232,7 @@ def sample_process(pid: int) -> dict | None:
 
 
 def _user_frame(frames: list[dict]) -> dict | None:
-    from colltrace.reporters.text import user_frames
+    from colltrace.origins import user_frames
 
     users = user_frames(frames)
     named = [f for f in users if not str(f.get("func")).startswith("<") or f.get("func") == "<module>"]

@@ -33,7 +33,7 @@ class Frame(TypedDict, total=False):
     file: str
     line: int
     func: str
-    origin: str        # user | framework | internal (analysis/origins.py)
+    origin: str        # user | framework | internal (colltrace/origins.py)
     package: str
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 
-# Begins the part of a job id that differs by host (see shared()).
-HOST_PART = "#ppid"
+# Begins the part of a job id that differs by host; the readers' half, the part every host of a job
+# has (shared_job), is the trace format's: colltrace/tracefile/ringfile.py.
+from colltrace.tracefile.ringfile import HOST_PART
 
 
 def _real(store):
@@ -57,8 +58,3 @@ def job_id(store=None, environ=os.environ) -> str:
     if run and run != "none":
         return f"{run}@{where}"
     return f"{run or 'job'}@{where}{HOST_PART}{os.getppid()}"
-
-
-def shared(job) -> str:
-    """The part of a job id every host of the job has (a folder shared by hosts holds both)."""
-    return str(job).rpartition(HOST_PART)[0] or str(job) if job is not None else ""

@@ -18,9 +18,8 @@ import traceback
 import weakref
 
 from colltrace.rank import fastpath, flightrecorder
-from colltrace.analysis import origins
-from colltrace.host import probes
-from colltrace.tracefile import ringfile, storage
+from colltrace import origins
+from colltrace.tracefile import asks, ringfile, storage
 from colltrace.tracefile.ringfile import COMPLETE, ENTER, F_DONE, F_P2P, FAIL, RETURN, UNTRACED
 
 _time = time.time
@@ -110,7 +109,7 @@ class Recorder:
                 raise self.defs.failed
             self.ring = ringfile.RingWriter(rank_file(d, rank, "ring"), settings.ring_slots, fastpath.counter(0, settings))
         except OSError as exc:
-            probes.uninstall_signal(self._stack_signal_file)
+            asks.uninstall_signal(self._stack_signal_file)
             if getattr(self, "defs", None) is not None:
                 self.defs.close()
                 try:
@@ -145,7 +144,7 @@ class Recorder:
         atexit.register(self._at_exit)
         self.ring.heartbeat(_time())
         self._flight_recorder = flightrecorder.Responder(d, rank)
-        self._stack_responder = probes.StackResponder(d, rank)
+        self._stack_responder = asks.StackResponder(d, rank)
         self._poller = threading.Thread(target=self._poll_loop, name="colltrace-poller", daemon=True)
         self._poller.start()
 
@@ -153,7 +152,7 @@ class Recorder:
     def _write_meta(self, rank, world_size, backend):
         settings = self.settings
         # before the meta line, which says which signal (if any) dumps this rank's stacks
-        probe_meta, self._stack_signal_file = probes.install_signal(settings.dir, rank)
+        probe_meta, self._stack_signal_file = asks.install_signal(settings.dir, rank)
         self.defs.write({
             "k": "meta", "rank": rank, "world_size": world_size, "pid": os.getpid(), "host": settings.host,
             "job": self.job, "started": _time(), "backend": backend, "argv": sys.argv[:8],

@@ -6,73 +6,24 @@ comes from a live watchdog and from `colltrace analyze` on a copied folder.
 """
 from __future__ import annotations
 
-import functools
 import os
 import re
 import time
-from collections import Counter
 
-from colltrace.analysis.origins import FRAMEWORK, USER, for_roots, origin_of
 from colltrace.model.schema import DEAD, EXITED, FAILED, NOT_IN_COLLECTIVE, UNKNOWN, UNREADABLE
+from colltrace.origins import FRAMEWORK, USER, for_roots, origin_of, user_frames
+# The rank lists ("ranks 0-6"), joins ("a, b and c") and a frame's "file:line (func)" are shared
+# with the analyzer's reasons and live below both: colltrace/words.py (its names are still
+# importable from here, as the host's and the dashboard's modules do).
+from colltrace.words import (and_list, format_ranks, frame_text, frame_text_of, rank_word,  # noqa: F401 (re-exported)
+                             short_ranks, sorted_ranks)
 
 PENDING_STATES = ("waiting", "in_flight")
 MAX_CLASSES = 12          # stack classes shown per finding; the rest are counted
-MAX_RANKS_TEXT = 72       # longer rank lists are abbreviated in prose (the JSON has them all)
 _CPP_LOCATION = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|cu|h|hpp):\d+\] ")
 
 
-# -- ranks ----------------------------------------------------------------------------------
-def _sorted_ranks(ranks) -> list[int]:
-    return sorted({int(r) for r in ranks or ()})
-
-
-def format_ranks(ranks) -> str:
-    """[0, 1, 2, 3, 5, 7, 8] -> "0-3,5,7-8" (sorted, duplicates dropped)."""
-    rs = _sorted_ranks(ranks)
-    if not rs:
-        return ""
-    parts = []
-    start = prev = rs[0]
-    for r in rs[1:]:
-        if r == prev + 1:
-            prev = r
-            continue
-        parts.append(f"{start}-{prev}" if prev > start else str(start))
-        start = prev = r
-    parts.append(f"{start}-{prev}" if prev > start else str(start))
-    return ",".join(parts)
-
-
-def short_ranks(ranks, limit: int = MAX_RANKS_TEXT) -> str:
-    """format_ranks, abbreviated when long: "0-4088 every 8 (512 ranks)", "0-16383 except 8195"."""
-    rs = _sorted_ranks(ranks)
-    text = format_ranks(rs)
-    if len(text) <= limit or len(rs) < 3:
-        return text
-    # a regular layout with a few holes: one step, from first to last
-    step = Counter(b - a for a, b in zip(rs, rs[1:])).most_common(1)[0][0]
-    if step > 0 and all((r - rs[0]) % step == 0 for r in rs):
-        full = (rs[-1] - rs[0]) // step + 1
-        holes = full - len(rs)
-        if holes <= 3:
-            every = f" every {step}" if step > 1 else ""
-            text = f"{rs[0]}-{rs[-1]}{every}"
-            if holes:
-                have = set(rs)
-                text += " except " + ",".join(str(r) for r in range(rs[0], rs[-1] + 1, step) if r not in have)
-            return f"{text} ({len(rs)} ranks)" if step > 1 or holes else text
-    cut = text[:limit].rsplit(",", 1)[0]
-    return f"{cut},… ({len(rs)} ranks)"
-
-
-def rank_word(ranks) -> str:
-    """"rank 7" or "ranks 0-6"."""
-    rs = _sorted_ranks(ranks)
-    if not rs:
-        return "no rank"
-    return f"rank {rs[0]}" if len(rs) == 1 else f"ranks {short_ranks(rs)}"
-
-
+# -- words ----------------------------------------------------------------------------------
 def _cap(text: str) -> str:
     return text[:1].upper() + text[1:]
 
@@ -83,30 +34,9 @@ def _verb(ranks, singular: str, plural: str) -> str:
 
 # -- frames and locations -----------------------------------------------------------------
 # Frames carry their origin ("user", "framework" with its "package", "internal"), set by the
-# analyzer from the rank's recorded roots (colltrace.analysis.origins); a frame without one is the user's.
+# analyzer from the rank's recorded roots (colltrace/origins.py); a frame without one is the user's.
 def _is_user(f) -> bool:
     return type(f) is dict and origin_of(f) == USER
-
-
-def user_frames(frames) -> list[dict]:
-    """The user's own frames, innermost last."""
-    if not isinstance(frames, list):
-        return []
-    return [f for f in frames if _is_user(f)]
-
-
-def frame_text(f: dict) -> str:
-    """"basename:line (func)"."""
-    try:
-        return _frame_text(f.get("file"), f.get("line", "?"), f.get("func"))
-    except TypeError:  # an unhashable field in a malformed frame
-        return _frame_text.__wrapped__(str(f.get("file")), str(f.get("line", "?")), str(f.get("func")))
-
-
-@functools.lru_cache(maxsize=4096)  # 16k ranks usually stand at a handful of lines
-def _frame_text(file, line, func) -> str:
-    name = os.path.basename(str(file or "?").replace("\\", "/")) or "?"
-    return f"{name}:{line} ({func or '?'})"
 
 
 def _api_text(f: dict) -> str:
@@ -151,7 +81,7 @@ def user_location(frames) -> str | None:
 
 def located(frames, roots) -> str | None:
     """user_location of frames straight from a trace (no origins marked yet), classified
-    against the rank's recorded roots (colltrace.analysis.origins)."""
+    against the rank's recorded roots (colltrace/origins.py)."""
     if not frames or not isinstance(frames, list) or (type(frames[-1]) is dict and "origin" in frames[-1]):
         return user_location(frames)
     return user_location(for_roots(roots).annotate(frames))
@@ -289,7 +219,7 @@ def classes(finding: dict, ranks, key=None) -> list[tuple[list[int], dict]]:
     key = key or (lambda e: (e.get("state"), e.get("op"), e.get("group"), e.get("seq"), e.get("peer"), where(e)))
     groups: dict = {}
     unknown = {"state": UNKNOWN}
-    for r in _sorted_ranks(ranks):
+    for r in sorted_ranks(ranks):
         e = table.get(str(r)) or unknown
         k = key(e)
         c = groups.get(k)
@@ -302,11 +232,11 @@ def classes(finding: dict, ranks, key=None) -> list[tuple[list[int], dict]]:
 
 def _who(finding: dict, ranks, group=None) -> str:
     """rank_word, or for most of a large group: "511 ranks (all of group 1 but rank 8)"."""
-    rs = _sorted_ranks(ranks)
+    rs = sorted_ranks(ranks)
     g = _group(finding, group) if group is not None else None
     if g and len(rs) > 16:
-        rest = set(_sorted_ranks(g.get("ranks"))) - set(rs)
-        if len(rest) <= 8 and set(rs) <= set(_sorted_ranks(g.get("ranks"))):
+        rest = set(sorted_ranks(g.get("ranks"))) - set(rs)
+        if len(rest) <= 8 and set(rs) <= set(sorted_ranks(g.get("ranks"))):
             but = f" but {rank_word(rest)}" if rest else ""
             return f"{len(rs)} ranks (all of group {group}{but})"
     return rank_word(rs)
@@ -368,7 +298,7 @@ def _missing_text(finding: dict, ranks) -> str:
 
 def _sample(finding: dict, ranks) -> dict:
     table = finding.get("ranks") or {}
-    return next((table[str(r)] for r in _sorted_ranks(ranks) if str(r) in table), {})
+    return next((table[str(r)] for r in sorted_ranks(ranks) if str(r) in table), {})
 
 
 def _waiters_clause(finding: dict, ranks, verb_s="waits", verb_p="wait", prep="in") -> str:
@@ -395,10 +325,6 @@ def _untraced(finding: dict) -> str:
 def _unreadable(finding: dict) -> str:
     u = finding.get("unreadable_ranks") or []
     return f" Could not read {rank_word(u)}: the analysis did not see {_verb(u, 'it', 'them')}." if u else ""
-
-
-def _and(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 # -- paragraphs -------------------------------------------------------------------------------
@@ -430,7 +356,7 @@ def _mismatch(f: dict) -> str:
              for c in f.get("classes") or []]
     differs = [d.replace("_", " ") for d in f.get("differs") or ["?"]]
     text = (f"Mismatch: collective #{f.get('seq')} on {group_phrase(f, g)} is not the same call on every rank: "
-            + "; ".join(parts) + f". They differ in {_and(differs)}.")
+            + "; ".join(parts) + f". They differ in {and_list(differs)}.")
     m = f.get("missing_ranks")
     if m:
         text += f" {_cap(rank_word(m))} {_verb(m, 'has', 'have')} not reached it yet."
@@ -448,7 +374,7 @@ def _deadlock(f: dict) -> str:
             clauses.append(_waiters_clause(f, waiting) + f" for {rank_word(missing)}, which "
                                                          f"{_verb(missing, 'has', 'have')} not entered it")
     groups = sorted({str(i.get("group")) for i in f.get("cycle") or []}, key=_natural)
-    head = f"Deadlock across groups {_and(groups)}: " if len(groups) > 1 else f"Deadlock on group {_and(groups or ['?'])}: "
+    head = f"Deadlock across groups {and_list(groups)}: " if len(groups) > 1 else f"Deadlock on group {and_list(groups or ['?'])}: "
     text = head + ": ".join(clauses) + (f". Nobody in this cycle can proceed (the longest has waited "
                                         f"{seconds(f.get('waited_s'))}).")
     dead = [int(r) for r, e in (f.get("ranks") or {}).items() if e.get("state") in (DEAD, EXITED)]
@@ -535,7 +461,7 @@ def _dead_rank(f: dict) -> str:
                  f"{_locations(f, rs)} ({seconds(w.get('waited_s'))} so far).")
     also = f.get("also_missing") or []
     if also:
-        described = [r for r in _sorted_ranks(also) if str(r) in table]
+        described = [r for r in sorted_ranks(also) if str(r) in table]
         text += f" {_cap(rank_word(also))} {_verb(also, 'has', 'have')} not entered it either"
         text += f": {_missing_text(f, described)}." if described else "."
     for x in f.get("failed") or []:
@@ -560,7 +486,7 @@ def _duplicate(f: dict) -> str:
     if f.get("source") == "batches":
         return _duplicate_batches(f)
     table = f.get("ranks") or {}
-    rs = _sorted_ranks(table)
+    rs = sorted_ranks(table)
     sample = _sample(f, rs)
     g = (f.get("group") or {}).get("name")
     seqs = f.get("seqs") or []
@@ -586,7 +512,7 @@ def _loader_clause(loader) -> str:
 
 def _duplicate_batches(f: dict) -> str:
     """What each rank fed its DDP/FSDP model (colltrace/analysis/batches.py)."""
-    rs = _sorted_ranks(f.get("ranks") or {})
+    rs = sorted_ranks(f.get("ranks") or {})
     sample = _sample(f, rs)
     g = (f.get("group") or {}).get("name")
     loader = f.get("loader")
@@ -645,7 +571,7 @@ def _advice_mismatch(f: dict, look: dict) -> str:
     if "op" in (f.get("differs") or []):
         what = f"{mine.get('op')} where {them} {_verb(other['ranks'], 'calls', 'call')} {other.get('op')}{at}"
     else:
-        fields = _and([d.replace("_", " ") for d in f.get("differs") or ["?"]])
+        fields = and_list([d.replace("_", " ") for d in f.get("differs") or ["?"]])
         what = f"{mine.get('op')} with different {fields} than {them}{at}"
     return (f"Look first at {loc}: {who} {_verb(mine['ranks'], 'calls', 'call')} {what}, as collective #{seq} on "
             f"group {g}." + _history_clause(dict(look, ranks=mine["ranks"], versus=look.get("versus") or other["ranks"])))
@@ -914,7 +840,7 @@ def render_same_kind(f: dict) -> str:
             why = s.get("may_be_default")
             if why:
                 grp += ", may be the default group" + (f": {why}" if isinstance(why, str) else "")
-            lines.append(f"  {_frame_text(s.get('file'), s.get('line'), s.get('func'))}: {s.get('op')} ({grp})")
+            lines.append(f"  {frame_text_of(s.get('file'), s.get('line'), s.get('func'))}: {s.get('op')} ({grp})")
         except (AttributeError, TypeError):
             continue
     return "\n".join(lines)
@@ -1032,7 +958,7 @@ def activity_lines(finding: dict, ranks=None) -> str:
     if ranks is None:
         ranks = (finding.get("missing_ranks") or []) + (finding.get("unknown_ranks") or [])
     parts = []
-    for r in _sorted_ranks(ranks):
+    for r in sorted_ranks(ranks):
         e = table.get(str(r)) or {}
         t = activity_text(r, e)
         if t:
@@ -1043,7 +969,7 @@ def activity_lines(finding: dict, ranks=None) -> str:
 def _activity(finding: dict, ranks) -> str:
     """" Progress: …" for a stall's paragraph, and what it means for COLLTRACE_ON_HANG=abort."""
     table = finding.get("ranks") or {}
-    deaths = [d for r in _sorted_ranks(ranks) for d in _thread_death_lines(r, table.get(str(r)) or {})]
+    deaths = [d for r in sorted_ranks(ranks) for d in _thread_death_lines(r, table.get(str(r)) or {})]
     deaths = "".join(f" {_cap(d)}." for d in deaths)
     text = activity_lines(finding, ranks)
     if not text:
@@ -1065,4 +991,26 @@ def render_warnings(warnings: list[dict]) -> str:
         extra = f" (and {len(w['seqs']) - 1} more collectives the same way)" if len(w.get("seqs", ())) > 1 else ""
         lines.append(f"[w{i}] {w['message']}{extra}")
     return "\n\n".join(lines)
+
+
+def render_verdict(findings: list[dict], warnings: list[dict] = ()) -> str:
+    """The whole verdict as `colltrace analyze` prints it and report.txt holds it: the culprits
+    first; findings that are only work stuck behind them (NCCL queues a whole step behind one
+    stuck rank) are counted, not printed (--json lists every one); then any silent desyncs."""
+    from colltrace.analysis import culprits
+
+    verdict = culprits.explain(findings)
+    paragraph = culprit_paragraph(verdict["culprits"], verdict["reasons"], verdict["others"])
+    if not paragraph:
+        text = render_report(findings)
+    else:
+        behind = set(verdict["consequences"])
+        shown = [f for f in findings if f.get("key") not in behind]
+        text = paragraph + "\n\n" + render_report(shown)
+        if len(shown) < len(findings):
+            text += (f"\n\n{len(findings) - len(shown)} more findings are collectives stuck behind the culprits "
+                     f"on the other ranks (every member arrived; the work never completes): see --json.")
+    if warnings:
+        text += "\n\n" + render_warnings(warnings)
+    return text
 

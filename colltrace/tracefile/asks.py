@@ -2,11 +2,30 @@
 
 The watchdog touches a request file; the rank's poller thread (which wakes every poll period
 anyway) sees its mtime change and replaces the answer file atomically. Nothing here imports torch.
+
+Both sides of the two questions meet here, never in each other's packages (docs/design.md,
+"Dependency order": rank/ and host/ are peers):
+  - every thread's stack: `rank-N.stack-request` -> `rank-N.stack.json` (StackResponder, rank
+    side; colltrace/host/probes.py asks), and faulthandler's dump on colltrace's signal into
+    `rank-N.stack-signal.txt` (install_signal, rank side);
+  - the rank's Flight Recorder: `rank-N.fr-request` -> `rank-N.fr.json` (answered by
+    colltrace/rank/flightrecorder.py; request_fr and fr_answered are the watchdog's, and
+    untraced_since the reader's half).
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
+import sys
+import threading
+import time
+
+SIGNAL_OFFSET = 7            # SIGRTMIN+7: a real-time signal programs seldom use
+# Flight Recorder's dtype names -> torch's short names, as the trace records them
+DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64",
+          "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool",
+          "ComplexFloat": "complex64", "ComplexDouble": "complex128"}
 
 
 class Responder:
@@ -33,3 +52,148 @@ class Responder:
         with open(tmp, "w") as f:
             json.dump(data, f)
         os.replace(tmp, self.out)
+
+
+def _touch(path: str) -> None:
+    """Ask: the request file's mtime is the question."""
+    with open(path, "a"):
+        pass
+    os.utime(path, None)
+
+
+# -- every thread's stack ------------------------------------------------------------------------
+def stack_signal() -> int | None:
+    try:
+        return signal.SIGRTMIN + SIGNAL_OFFSET
+    except AttributeError:   # no real-time signals (macOS)
+        return None
+
+
+def stack_request_path(directory: str, rank: int) -> str:
+    return os.path.join(directory, f"rank-{rank:05d}.stack-request")
+
+
+def stack_answer_path(directory: str, rank: int) -> str:
+    return os.path.join(directory, f"rank-{rank:05d}.stack.json")
+
+
+def stack_signal_path(directory: str, rank: int) -> str:
+    return os.path.join(directory, f"rank-{rank:05d}.stack-signal.txt")
+
+
+def install_signal(directory: str, rank: int) -> tuple[dict, object]:
+    """Rank side: register faulthandler on colltrace's signal, from the main thread only
+    (registering from another thread crashes CPython 3.11 when the signal comes). Left alone where the program
+    installed a handler there. chain=False: there is nothing to chain to (we only take a signal
+    nobody handles, and chaining to its default action would end the rank), and without chain
+    faulthandler sets SA_RESTART, so a system call the signal interrupts is resumed.
+    Returns (what goes into the rank's meta line, the open file to keep)."""
+    import faulthandler
+
+    sig = stack_signal()
+    if sig is None:
+        return {"stack_signal": None, "stack_signal_note": "no real-time signals on this platform"}, None
+    if threading.current_thread() is not threading.main_thread():
+        return {"stack_signal": None, "stack_signal_note": "tracing started outside the main thread"}, None
+    try:
+        if signal.getsignal(sig) != signal.SIG_DFL:
+            return {"stack_signal": None, "stack_signal_note": f"the program handles signal {sig} itself"}, None
+        f = open(stack_signal_path(directory, rank), "a")
+        faulthandler.register(sig, file=f, all_threads=True, chain=False)
+    except (OSError, ValueError, RuntimeError) as exc:
+        return {"stack_signal": None, "stack_signal_note": f"not registered: {exc}"}, None
+    return {"stack_signal": int(sig), "main_thread": threading.main_thread().ident}, f
+
+
+def uninstall_signal(f) -> None:
+    """Undo install_signal (a rank whose trace could not be started): unregister, close, remove."""
+    if f is None:
+        return
+    import faulthandler
+
+    try:
+        faulthandler.unregister(stack_signal())
+    except (ValueError, RuntimeError, TypeError):
+        pass
+    try:
+        f.close()
+        os.unlink(f.name)
+    except OSError:
+        pass
+
+
+def _frames_of(frame, limit: int = 128) -> list[dict]:
+    out = []
+    while frame is not None and limit:
+        code = frame.f_code
+        out.append({"file": code.co_filename, "line": frame.f_lineno, "func": code.co_name})
+        frame = frame.f_back
+        limit -= 1
+    out.reverse()
+    return out
+
+
+def current_stacks() -> dict:
+    """Every thread's stack (innermost last), but for the caller's own thread."""
+    me = threading.get_ident()
+    names = {t.ident: t.name for t in threading.enumerate()}
+    main = threading.main_thread().ident
+    threads = []
+    for ident, frame in sys._current_frames().items():
+        if ident == me:
+            continue
+        threads.append({"ident": ident, "name": names.get(ident, str(ident)), "main": ident == main,
+                        "frames": _frames_of(frame)})
+    return {"t": time.time(), "threads": threads}
+
+
+class StackResponder(Responder):
+    """Rank side: answers the watchdog's request with every thread's stack."""
+
+    def __init__(self, directory: str, rank: int):
+        super().__init__(stack_request_path(directory, rank), stack_answer_path(directory, rank))
+
+    def answer(self) -> dict:
+        return current_stacks()
+
+
+# -- the rank's Flight Recorder ------------------------------------------------------------------
+def fr_request_path(directory: str, rank: int) -> str:
+    return os.path.join(directory, f"rank-{rank:05d}.fr-request")
+
+
+def fr_dump_path(directory: str, rank: int) -> str:
+    return os.path.join(directory, f"rank-{rank:05d}.fr.json")
+
+
+def request_fr(directory: str, rank: int) -> None:
+    """Ask a rank for a dump (watchdog side): the request file's mtime is the question."""
+    _touch(fr_request_path(directory, rank))
+
+
+def fr_answered(directory: str, rank: int) -> bool:
+    """Whether the rank's dump is at least as new as the watchdog's last request."""
+    try:
+        answered = os.stat(fr_dump_path(directory, rank)).st_mtime_ns
+        return answered >= os.stat(fr_request_path(directory, rank)).st_mtime_ns
+    except OSError:
+        return False
+
+
+def untraced_since(data: dict | None, progress: dict) -> list[dict]:
+    """The recorded collectives past the last number the trace saw on their group: what the rank
+    entered without colltrace seeing it (newest last). Point-to-point ops are left out."""
+    if not isinstance(data, dict):
+        return []
+    out = []
+    for e in data.get("entries") or []:
+        try:
+            if e.get("p2p"):
+                continue
+            seen = int((progress.get(str(e["group"])) or {}).get("entered", 0))
+            if int(e["seq"]) > seen:
+                out.append(dict(e))
+        except (KeyError, TypeError, ValueError):
+            continue
+    out.sort(key=lambda e: (e.get("t") or 0, e["seq"]))
+    return out

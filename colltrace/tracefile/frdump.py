@@ -18,9 +18,9 @@ import os
 import pickle
 import re
 
-from colltrace.rank.flightrecorder import DTYPES
 from colltrace.errors import InputError
 from colltrace.model.schema import COMPLETED, IN_FLIGHT, UNKNOWN
+from colltrace.tracefile.asks import DTYPES
 
 # the rank that ends a dump's file name, as torchfrtrace reads it (an extension is allowed)
 DUMP_NAME = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)(?:\.json|\.pkl|\.pickle)?$")

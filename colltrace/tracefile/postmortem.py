@@ -44,13 +44,3 @@ def load(directory: str, prefix: str | None = None) -> dict:
         raise reader.TraceError(f"{directory}: no colltrace traces (rank-*.ring) and no Flight Recorder dumps "
                                f"({what}) in this folder")
     return frdump.to_snapshot(dumps, directory)
-
-
-def analyzed(directory: str, prefix: str | None, stall_s: float | None) -> tuple[dict, list[dict]]:
-    """(snapshot, findings) of DIR, judged by `stall_s` or else the job's own threshold. Raises
-    reader.TraceError on unreadable input."""
-    from colltrace.analysis import analyze
-
-    snap = load(directory, prefix)
-    threshold = stall_s if stall_s is not None else reader.job_stall_s(snap)
-    return snap, analyze(snap, stall_s=threshold, now=snap["taken_at"])

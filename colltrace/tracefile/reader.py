@@ -11,9 +11,8 @@ import json
 import os
 import re
 
-from colltrace.rank import flightrecorder, identity
-from colltrace.analysis import origins
-from colltrace.tracefile import batchlog, endings, ringfile
+from colltrace import origins
+from colltrace.tracefile import asks, batchlog, endings, ringfile
 from colltrace.tracefile.ringfile import COMPLETE, ENTER, F_ASYNC, F_DIGEST, F_DONE, F_P2P, FAIL, RETURN, UNTRACED
 from colltrace.errors import InputError
 from colltrace.model import build, schema
@@ -299,7 +298,7 @@ class RankTrace:
     def flight_recorder(self) -> dict | None:
         """The rank's last Flight Recorder dump, if it is newer than anything in its trace (an
         older one describes a past the trace has moved beyond)."""
-        path = flightrecorder.dump_path(os.path.dirname(self.ring.path), self.rank)
+        path = asks.fr_dump_path(os.path.dirname(self.ring.path), self.rank)
         try:
             mtime = os.stat(path).st_mtime_ns
         except OSError:
@@ -348,7 +347,7 @@ class RankTrace:
         return build.rank_entry(
             self.rank, self.meta, status, exit_info, heartbeat=self.ring.heartbeat, progress=progress,
             records=self.all_records(), lost_slots=self.ring.lost, roots_ok=origins.valid_roots(self.meta.get("roots")),
-            digests=self.digests, untraced=flightrecorder.untraced_since(self.flight_recorder(), progress),
+            digests=self.digests, untraced=asks.untraced_since(self.flight_recorder(), progress),
             fault=self.fault(), exception=self.exception, thread_exceptions=self.thread_exceptions,
             batches=self.batches.entry(self.frames))
 
@@ -373,12 +372,12 @@ def _newest_job(traces: list[RankTrace]) -> list[RankTrace]:
     """A folder reused across runs may hold ranks of an older job: keep the newest job's."""
     jobs = {}
     for tr in traces:
-        job = identity.shared(tr.meta.get("job"))   # hosts of one job sharing this folder agree on it
+        job = ringfile.shared_job(tr.meta.get("job"))   # hosts of one job sharing this folder agree on it
         jobs[job] = max(jobs.get(job, 0), tr.meta.get("started", 0))
     if len(jobs) <= 1:
         return traces
     newest = max(jobs, key=jobs.get)
-    return [tr for tr in traces if identity.shared(tr.meta.get("job")) == newest or tr.error]
+    return [tr for tr in traces if ringfile.shared_job(tr.meta.get("job")) == newest or tr.error]
 
 
 def load_traces(directory: str, window: int | None = None) -> list[RankTrace]:

@@ -39,6 +39,14 @@ F_ASYNC, F_P2P, F_DONE, F_DIGEST = 1, 2, 4, 8
 
 assert SLOT_SIZE == 64
 
+# The meta line's "job" (colltrace/rank/identity.py makes it): what follows HOST_PART differs by host.
+HOST_PART = "#ppid"
+
+
+def shared_job(job) -> str:
+    """The part of a job id every host of the job has (a folder shared by hosts holds both)."""
+    return str(job).rpartition(HOST_PART)[0] or str(job) if job is not None else ""
+
 
 class RingWriter:
     """Owned by one process; any of its threads may write (the serial comes from an atomic counter)."""

@@ -100,9 +100,9 @@ def test_the_flight_recorder_of_nccl_is_read_back(nccl_job, backend, tmp_path):
     job = nccl_job(backend, "fr", 1)
     assert job.wait(180) == [0], job.stderr(0)[-3000:]
     assert "FR_ANSWERED True" in job.stdout(0), job.stdout(0) + job.stderr(0)[-3000:]
-    from colltrace.rank import flightrecorder
+    from colltrace.tracefile import asks
 
-    with open(flightrecorder.dump_path(job.dir, 0)) as fh:
+    with open(asks.fr_dump_path(job.dir, 0)) as fh:
         answer = json.load(fh)
     assert answer["error"] is None, answer["error"]
     # The answer holds the group's newest entries (flightrecorder.KEEP_PER_GROUP); the recorder and the

@@ -8,6 +8,7 @@ import os
 import re
 
 import pytest
+from helpers.cli import run_cli
 
 pytestmark = pytest.mark.slow
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "distill")
@@ -90,6 +91,11 @@ def test_default_group_collective_is_a_deadlock_with_the_teacher(torchrun_job, t
     at = [tail.find(mark(b) + " (") for b in same_kind]   # listed in the report, in the same order
     assert -1 not in at and at == sorted(at), tail
     assert "The same kind elsewhere" not in f["summary"]
+    # report.txt, written live, says what `colltrace analyze` says of the folder afterwards: the
+    # culprits first, in the same words (only what came after the finding, the abort, is added)
+    analyzed = run_cli("analyze", job.dir)
+    assert analyzed.returncode == 1
+    assert report.startswith("Culprits: ") and report.split("\n", 1)[0] == analyzed.stdout.split("\n", 1)[0]
 
 
 def test_teacher_loop_before_setup_is_a_mismatch_on_the_ipc_group(torchrun_job, tmp_path):

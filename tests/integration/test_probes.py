@@ -8,6 +8,7 @@ import sys
 import time
 
 from colltrace.host import probes
+from colltrace.tracefile import asks
 from colltrace.reporters import text as report
 
 EVAL = {"file": "/job/eval.py", "line": 40, "func": "long_eval"}
@@ -76,8 +77,8 @@ def test_abort_ends_a_stall_only_when_every_missing_rank_is_frozen():
 
 def test_the_rank_answers_a_stack_request_from_its_own_thread(tmp_path):
     code = ("import time, threading\n"
-            "from colltrace.host import probes\n"
-            "r = probes.StackResponder(%r, 0)\n"
+            "from colltrace.tracefile import asks\n"
+            "r = asks.StackResponder(%r, 0)\n"
             "def serve():\n"
             "    while True:\n"
             "        r.poll(); time.sleep(0.02)\n"
@@ -100,8 +101,8 @@ def test_the_rank_answers_a_stack_request_from_its_own_thread(tmp_path):
 
 def test_faulthandler_answers_by_signal_while_the_gil_is_held(tmp_path):
     code = ("import json, re, sys\n"
-            "from colltrace.host import probes\n"
-            "meta, f = probes.install_signal(%r, 0)\n"
+            "from colltrace.tracefile import asks\n"
+            "meta, f = asks.install_signal(%r, 0)\n"
             "print(json.dumps(meta), flush=True)\n"
             "def spin():\n"
             "    re.match(r'(a+)+$', 'a' * 40 + 'b')\n"
@@ -111,7 +112,7 @@ def test_faulthandler_answers_by_signal_while_the_gil_is_held(tmp_path):
         import json
 
         meta = json.loads(p.stdout.readline())
-        assert meta["stack_signal"] == signal.SIGRTMIN + probes.SIGNAL_OFFSET
+        assert meta["stack_signal"] == signal.SIGRTMIN + asks.SIGNAL_OFFSET
         time.sleep(0.3)
         got = probes.live_stacks(str(tmp_path), {0: (p.pid, meta)}, py_spy_ok=False)
         assert p.poll() is None   # the signal did not end it
@@ -120,14 +121,14 @@ def test_faulthandler_answers_by_signal_while_the_gil_is_held(tmp_path):
         p.wait()
     frames, route, why = got[0]
     assert route == "signal" and frames[-1]["func"] == "match" and frames[-2]["func"] == "spin", why
-    assert os.path.exists(probes.signal_path(str(tmp_path), 0))
+    assert os.path.exists(asks.stack_signal_path(str(tmp_path), 0))
 
 
 def test_a_signal_the_program_handles_is_left_to_it(tmp_path):
     code = ("import json, signal\n"
-            "from colltrace.host import probes\n"
-            "signal.signal(probes.stack_signal(), lambda *a: None)\n"
-            "meta, f = probes.install_signal(%r, 0)\n"
+            "from colltrace.tracefile import asks\n"
+            "signal.signal(asks.stack_signal(), lambda *a: None)\n"
+            "meta, f = asks.install_signal(%r, 0)\n"
             "print(json.dumps(meta))\n") % str(tmp_path)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert '"stack_signal": null' in out and "handles signal" in out

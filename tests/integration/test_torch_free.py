@@ -32,7 +32,8 @@ for pkg_name in packages:
     for info in pkgutil.walk_packages(pkg.__path__, pkg_name + "."):
         importlib.import_module(info.name)
         imported.append(info.name)
-for name in ("colltrace.cli", "colltrace.errors", "colltrace.address", "colltrace.config"):
+for name in ("colltrace.cli", "colltrace.errors", "colltrace.address", "colltrace.config", "colltrace.origins",
+             "colltrace.words"):
     importlib.import_module(name)
     imported.append(name)
 from colltrace import cli

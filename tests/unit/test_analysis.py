@@ -11,9 +11,9 @@ import random
 
 import pytest
 
-from colltrace.analysis import HANG_KINDS, analyze
-from colltrace.reporters.text import render_report
-from colltrace.analysis import origins
+from colltrace import analysis, origins
+from colltrace.analysis import HANG_KINDS
+from colltrace.reporters.text import render_report, summarize
 from colltrace.reporters import text as report_mod
 
 T = 1_000.0            # when the stuck collectives were entered
@@ -21,10 +21,17 @@ STALL = 30.0
 TORCH = {"file": "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", "line": 4000,
          "func": "barrier"}
 COLLTRACE = {"file": "/venv/lib/python3.11/site-packages/colltrace/rank/shim.py", "line": 200, "func": "wrapper"}
-# Where the ranks' torch, stdlib and packages are, as each rank records it (colltrace.analysis.origins).
+# Where the ranks' torch, stdlib and packages are, as each rank records it (colltrace/origins.py).
 ROOTS = {"stdlib": ["/usr/lib/python3.11"], "site": ["/venv/lib/python3.11/site-packages"],
          "torch": ["/venv/lib/python3.11/site-packages/torch"],
          "colltrace": ["/venv/lib/python3.11/site-packages/colltrace"], "user_packages": []}
+
+
+
+def analyze(snap, stall_s, now) -> list[dict]:
+    """The findings as every caller that shows them gets them: the analyzer's facts, then the
+    reporter's paragraph and advice (the analyzer itself says no sentence: see below)."""
+    return summarize(analysis.analyze(snap, stall_s, now))
 
 
 # -- snapshot builders ----------------------------------------------------------------------
@@ -702,6 +709,16 @@ def test_findings_survive_a_json_round_trip_for_the_text():
     g = json.loads(json.dumps(f))
     assert report_mod.paragraph(g) == f["summary"]
     assert report_mod.render_stack_classes(g) == report_mod.render_stack_classes(f)
+
+
+def test_the_analyzer_says_facts_and_the_reporter_the_words():
+    """analysis.analyze leaves "summary" and "advice" empty; summarize fills them in place, the
+    same paragraph a finding read back from JSON gets."""
+    facts = analysis.analyze(seed_story().snap(), STALL, T + 2)
+    assert facts and all(f["summary"] == "" and f["advice"] == "" for f in facts)
+    worded = summarize(facts)
+    assert worded is facts and worded[0]["summary"] == report_mod.paragraph(worded[0])
+    assert worded == analyze(seed_story().snap(), STALL, T + 2)
 
 
 # -- the text ---------------------------------------------------------------------------------------

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from colltrace.analysis import HANG_KINDS, analyze
+from colltrace import analysis
+from colltrace.analysis import HANG_KINDS
+from colltrace.reporters.text import summarize
 from colltrace.tracefile.batchlog import BatchLog
 
 T = 1_000.0
@@ -18,6 +20,11 @@ LOADER = {"frames": [{"file": "/job/train.py", "line": 900, "func": "main"},
                      {"file": "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", "line": 300,
                       "func": "__init__"}],
           "before_init": True, "sampler": "RandomSampler", "distributed": False}
+
+
+def analyze(snap, stall_s, now) -> list[dict]:
+    """The findings with the reporter's paragraphs, as `colltrace analyze` shows them."""
+    return summarize(analysis.analyze(snap, stall_s, now))
 
 
 def snap(digests: dict[int, list], members=None, loader=LOADER, group="0", exhaustive=False) -> dict:

@@ -6,6 +6,7 @@ import json
 import os
 
 from colltrace.rank import flightrecorder
+from colltrace.tracefile import asks
 
 
 def test_a_rank_answers_each_request_once(tmp_path, monkeypatch):
@@ -16,12 +17,12 @@ def test_a_rank_answers_each_request_once(tmp_path, monkeypatch):
          "state": "scheduled", "time_created_ns": 5_000_000_000}])
     r = flightrecorder.Responder(str(tmp_path), 3)
     r.poll()
-    assert calls == [] and not os.path.exists(flightrecorder.dump_path(str(tmp_path), 3))
-    flightrecorder.request(str(tmp_path), 3)
+    assert calls == [] and not os.path.exists(asks.fr_dump_path(str(tmp_path), 3))
+    asks.request_fr(str(tmp_path), 3)
     r.poll()
     r.poll()
     assert calls == [1]
-    data = json.loads(open(flightrecorder.dump_path(str(tmp_path), 3)).read())
+    data = json.loads(open(asks.fr_dump_path(str(tmp_path), 3)).read())
     assert data["error"] is None and data["entries"] == [
         {"group": "1", "seq": 8, "p2p": False, "op": "allgather_base", "backend_op": "allgatherbase",
          "shapes": [[20]], "dtypes": ["bfloat16"], "state": "scheduled", "t": 5.0}]
@@ -32,9 +33,9 @@ def test_a_torch_without_it_is_one_error_in_the_answer(tmp_path, monkeypatch):
         raise RuntimeError("this torch has no Flight Recorder dump")
 
     monkeypatch.setattr(flightrecorder, "_dump", boom)
-    flightrecorder.request(str(tmp_path), 0)
+    asks.request_fr(str(tmp_path), 0)
     flightrecorder.Responder(str(tmp_path), 0).poll()
-    data = json.loads(open(flightrecorder.dump_path(str(tmp_path), 0)).read())
+    data = json.loads(open(asks.fr_dump_path(str(tmp_path), 0)).read())
     assert data["entries"] == [] and "no Flight Recorder" in data["error"]
 
 
@@ -45,6 +46,6 @@ def test_only_what_the_trace_did_not_see_is_kept():
         {"group": "1", "seq": 1, "op": "broadcast", "t": 0.5},      # a group the trace never saw
         {"group": "0", "seq": 2, "p2p": True, "op": "send", "t": 3.0},
         {"group": "0", "op": "broken"}]}
-    got = flightrecorder.untraced_since(data, {"0": {"entered": 5, "completed": 5}})
+    got = asks.untraced_since(data, {"0": {"entered": 5, "completed": 5}})
     assert [(u["group"], u["seq"]) for u in got] == [("1", 1), ("0", 6)]
-    assert flightrecorder.untraced_since(None, {}) == []
+    assert asks.untraced_since(None, {}) == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from colltrace.rank import identity
-from colltrace.tracefile import reader
+from colltrace.tracefile import reader, ringfile
 
 
 def test_jobs_with_their_own_stores_differ_and_ranks_of_one_job_agree(tmp_path):
@@ -15,7 +15,7 @@ def test_jobs_with_their_own_stores_differ_and_ranks_of_one_job_agree(tmp_path):
     ja = identity.job_id(dist.PrefixStore("default_pg", a), env)
     assert ja == identity.job_id(dist.PrefixStore("default_pg", same_job), env)
     assert ja != identity.job_id(dist.PrefixStore("default_pg", b), env)
-    assert identity.shared(ja) == f"none@file:{tmp_path / 'a'}"
+    assert ringfile.shared_job(ja) == f"none@file:{tmp_path / 'a'}"
 
 
 def test_a_tcp_store_is_named_by_its_address():

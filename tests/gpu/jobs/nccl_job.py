@@ -54,14 +54,14 @@ print("RESULT", t.sum().item(), gathered.sum().item(), scattered.sum().item(),
       sorted(o["rank"] for o in objects), flush=True)
 
 if mode == "fr":
-    from colltrace.rank import flightrecorder
+    from colltrace.tracefile import asks
 
     directory = os.environ["COLLTRACE_DIR"]
-    flightrecorder.request(directory, rank)   # what the watchdog does for a rank others wait for
+    asks.request_fr(directory, rank)   # what the watchdog does for a rank others wait for
     deadline = time.time() + 30
-    while not flightrecorder.answered(directory, rank) and time.time() < deadline:
+    while not asks.fr_answered(directory, rank) and time.time() < deadline:
         time.sleep(0.05)
-    print("FR_ANSWERED", flightrecorder.answered(directory, rank), flush=True)
+    print("FR_ANSWERED", asks.fr_answered(directory, rank), flush=True)
     c = torch._C._distributed_c10d
     data = c._dump_fr_trace(includeCollectives=True, includeStackTraces=False, onlyActive=False)
     os.makedirs(os.environ["FR_OUT"], exist_ok=True)

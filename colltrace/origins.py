@@ -4,7 +4,9 @@ installed package (a framework: lightning, accelerate, transformers, ...) or the
 Decided by the path's place under roots (real directories, never substrings of a path: a clone
 of this repository lives in a folder named `colltrace`, and users keep projects in folders named
 `torch` or `lib`). Each rank records its roots in its trace (`local_roots()`, in the meta record),
-so an analysis on another machine classifies its frames as the rank did. No torch import.
+so an analysis on another machine classifies its frames as the rank did. No torch import, and
+nothing of colltrace's: every layer that reads frames (the ranks' recorder, the trace reader, the
+model, the analyzer, the reporters, the call-site scan) takes it from here.
 """
 from __future__ import annotations
 
@@ -156,3 +158,10 @@ def origin_of(frame) -> str:
     """A frame's recorded origin; a frame without one (another tool's, an older finding) is the user's."""
     o = frame.get("origin") if isinstance(frame, dict) else None
     return o if o in (INTERNAL, FRAMEWORK, USER) else USER
+
+
+def user_frames(frames) -> list[dict]:
+    """The user's own frames by their recorded origin (a frame without one is the user's), innermost last."""
+    if not isinstance(frames, list):
+        return []
+    return [f for f in frames if type(f) is dict and origin_of(f) == USER]
