@@ -26,6 +26,7 @@ JOBS = os.path.join(HERE, "integration", "jobs")
 # (pthread_exit), the unwind meets a noexcept frame: std::terminate. Seen untraced (core file,
 # torch 2.14.1, 2 of 16 runs of healthy_frameworks.py on 2 loaded cores); pytorch/pytorch#179291.
 EXIT_ABORT = "terminate called without an active exception"
+EXIT_SEGV = "died of SIGSEGV at interpreter exit, after its program had finished"
 
 
 class GlooExitAbort(AssertionError):
@@ -41,6 +42,11 @@ def _exit_abort(rank: int, code: int | None, err: str, what: str = "") -> None:
     if code == -signal.SIGABRT and EXIT_ABORT in err:
         raise GlooExitAbort(f"rank {rank}{what} died of gloo's abort at interpreter exit ({EXIT_ABORT}); "
                             f"stderr:\n{err[-2000:]}")
+    # The same race's other ending: gloo's threads fault while Python finalizes. Told apart by
+    # colltrace's own verdict, which knows the rank's program had returned (its exit record).
+    if code == -signal.SIGSEGV and EXIT_SEGV in err:
+        raise GlooExitAbort(f"rank {rank}{what} died of SIGSEGV at interpreter exit, after its program had "
+                            f"finished; stderr:\n{err[-2000:]}")
 
 
 @dataclass

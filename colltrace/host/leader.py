@@ -1,11 +1,13 @@
 """The store side of a host's watchdog: who is the leader, the meeting point it serves or finds,
-and the exchange of host summaries, wanted stacks, findings and the hang signal through it."""
+and the exchange of host summaries, wanted stacks, findings and the hang signal through it. On a
+job of more than FANOUT + 1 hosts, the same exchange runs along a tree (host/tree.py): a host
+with children serves them as the leader serves its own, and passes their summaries up as one."""
 from __future__ import annotations
 
 import threading
 import time
 
-from colltrace.host import meeting, storelink
+from colltrace.host import meeting, storelink, tree
 from colltrace.model.build import compact_entry
 from colltrace.reporters.text import format_ranks
 
@@ -22,16 +24,30 @@ class Exchange:
     Connecting imports torch (seconds), so it happens in a background thread; the host's own
     ranks are watched from their files meanwhile. Losing the store costs one warning line."""
 
-    def __init__(self, node, store_address, stream):
+    def __init__(self, node, store_address, stream, place: tuple[int, int] | None = None, fan: int | None = None):
         self.node = node
         self.store_address = store_address   # (host, port) of the job's store, or None
         self.stream = stream
         self.link: storelink.StoreLink | None = None
         self.meeting: meeting.MeetingPoint | None = None
+        # The tree (host/tree.py): this host's place in it where torchrun says so. A host with
+        # children serves them (self.below: its own server, through which it reads them).
+        place = place if place is not None else tree.host_index()
+        self.topo = tree.Topology(place[0], place[1], fan or tree.fanout()) if place else None
+        self.below: storelink.StoreLink | None = None
+        self.serving: meeting.MeetingPoint | None = None
+        self.took_over = False             # the leader's host died and this one judges the job now
+        self._siblings: dict[int, tuple] = {}   # the leader's other children's servers: who takes over
+        self._root_address: tuple | None = None  # the leader's server, for a host whose parent dies
+        self._want = tree.want_of(None)     # what the parent last asked for
+        self._suspicion = tree.Suspicion()
+        self._every = True                  # the leader: every entry in full (a small job)
         self.warned = False
         self.next_try = 0.0                # time.time() of the next connection attempt
         self._published_at = 0.0
-        self._wanted: set[int] = set()
+        self._wanted: tuple = ()
+        self._want_raw: bytes | None = None
+        self._fresh_want = False            # publish at once: the leader waits for these entries
         self._connecting: threading.Thread | None = None
         self._leader_ended = False         # the leader said the job is over: its server goes away quietly
         self._leader_wait_since: float | None = None
@@ -43,9 +59,20 @@ class Exchange:
         # The host of rank 0 judges the whole job. Another host judges alone only when there is
         # no store to reach the leader through (none configured, or it failed): while its link is
         # still connecting it waits, or it would act on half the picture.
-        if 0 in self.node.traces or self.store_address is None:
+        if 0 in self.node.traces or self.store_address is None or self.took_over:
             return True
         return self.link is None and self.warned
+
+    @property
+    def tree_parent(self) -> int | None:
+        """The index of this host's parent in the tree, where it is not the leader (1)."""
+        if self.topo is None or self.topo.parent in (None, 1):
+            return None
+        return self.topo.parent
+
+    @property
+    def has_children(self) -> bool:
+        return self.topo is not None and self.topo.index != 1 and self.topo.interior
 
     def _link(self) -> storelink.StoreLink | None:
         if self.store_address is None or self.link is not None or self._leader_ended:
@@ -75,7 +102,18 @@ class Exchange:
             self.meeting.announce()
             self.link = link
             return
-        found = meeting.find_leader(*self.store_address)
+        if self.has_children and self.serving is None:
+            self.serving = meeting.MeetingPoint(*self.store_address, key=meeting.parent_key(self.topo.index))
+            below = storelink.StoreLink(*self.serving.address)
+            below.node_index = int(below._store.add(storelink.PREFIX + "nodes", 1))   # 1: its children know it
+            self.serving.announce()
+            self.below = below
+        parent = self.tree_parent
+        keys = (meeting.LEADER_KEY,) + ((meeting.parent_key(parent),) if parent else ())
+        found = meeting.find_leader(*self.store_address, keys=keys)
+        if parent:
+            self._root_address = found[0] or self._root_address
+            found = found[1]
         if found is not None:
             self.link = storelink.StoreLink(*found)
             return
@@ -88,6 +126,15 @@ class Exchange:
 
     def close(self) -> None:
         """The job is over: tell the other hosts, then take the one key out of the job's store."""
+        serving, self.serving = self.serving, None
+        if serving is not None:
+            if self.took_over and self.below is not None:
+                try:
+                    self.below.report_end()
+                    time.sleep(LEADER_LINGER_S)
+                except storelink.StoreError:
+                    pass
+            serving.withdraw()
         mp, self.meeting = self.meeting, None
         if mp is None:
             return
@@ -101,14 +148,13 @@ class Exchange:
 
     def down(self, exc: Exception) -> None:
         # The ranks never touch the store: losing it costs only the cross-host view. Say so once.
+        if self._move_up(exc):
+            return
         if self.link is not None and self._leader_copy and self.lost_leader is None and not self.node.all_gone():
             # The leader's server went away without saying the job ended: its host died. Its
             # ranks, as last seen, are dead; this host judges what it can see from now on.
+            self.lost_leader = self._dead_leader()
             seen = self._leader_copy[1]
-            note = f"its host ({seen.get('host')}) stopped answering: the leader's meeting point at {self.link.address} is gone"
-            self.lost_leader = dict(seen, ranks={r: dict(e, status="dead", died_at=time.time(),
-                                                         exit={"signal": None, "note": note})
-                                                 for r, e in seen["ranks"].items()})
             exc = storelink.StoreError(f"the leader's host ({seen.get('host')}, ranks "
                                        f"{format_ranks(sorted(int(r) for r in seen['ranks']))}) stopped answering")
         self.link = None
@@ -118,54 +164,156 @@ class Exchange:
             self.stream.write(f"colltrace: warning: {exc}; this host's ranks are still watched from their files\n")
             self.stream.flush()
 
+    def _dead_leader(self) -> dict:
+        seen = self._leader_copy[1]
+        note = f"its host ({seen.get('host')}) stopped answering: the leader's meeting point at {self.link.address} is gone"
+        own = {str(r) for r in seen.get("own") or seen["ranks"]}
+        return dict(seen, ranks={r: dict(e, status="dead", died_at=time.time(), exit={"signal": None, "note": note})
+                                 for r, e in seen["ranks"].items() if r in own})
+
+    def _move_up(self, exc: Exception) -> bool:
+        """On a tree, a host whose parent stopped answering moves up: under a host that died,
+        to the leader; under the leader, to the first of the leader's other children that still
+        answers, or, being that first one, it judges the job from now on (the verdict still
+        comes). Quietly: one line, by the host that took over."""
+        if self.link is None or self.topo is None or self._leader_ended:
+            return False
+        if self.tree_parent is not None and self._root_address is not None:
+            try:
+                self.link, self._root_address = storelink.StoreLink(*self._root_address, timeout_s=2.0), None
+                return True
+            except storelink.StoreError:
+                return False
+        if not (self.has_children and self._leader_copy and self.topo.parent == 1):
+            return False
+        for k in sorted(self._siblings):
+            if k >= self.topo.index:
+                break
+            try:
+                self.link = storelink.StoreLink(*self._siblings[k], timeout_s=1.0)
+                self._leader_copy = None   # the new leader speaks for the old one's ranks
+                return True
+            except storelink.StoreError:
+                continue
+        self.lost_leader = self._dead_leader()
+        seen = self._leader_copy[1]
+        self.took_over, self.link = True, None
+        self.stream.write(f"colltrace: the leader's host ({seen.get('host')}, ranks "
+                          f"{format_ranks(sorted(int(r) for r in self.lost_leader['ranks']))}) stopped answering "
+                          f"({exc}): this host ({self.node.host}) judges the job from now on\n")
+        self.stream.flush()
+        return True
+
+    def _subtree(self, summary: dict, now: float) -> dict:
+        """This host's summary with its children's (each their own subtree's), as one."""
+        children = self.below.node_summaries(skip=self.below.node_index)
+        return tree.merge_subtree(summary, children, now)
+
     def exchange(self, summary: dict, on_hang) -> tuple[list[dict], set[int]]:
         """Publish this host's summary. The leader gets the other hosts' summaries; the others
         get the ranks whose live stacks the leader wants, and call on_hang(why) when it found a hang."""
+        if self.took_over:
+            try:
+                return self.below.node_summaries(skip=self.below.node_index), set()
+            except storelink.StoreError:
+                return [], set()
         link = self._link()
         if link is None:
             return [], set()
         try:
             now = time.time()
-            if now - self._published_at >= storelink.PUBLISH_S:
-                link.publish_node({**summary, "ranks": {r: compact_entry(e) for r, e in summary["ranks"].items()}})
-                self._published_at = now
+            if self.below is not None and not self.leader:
+                summary = self._subtree(summary, now)
+            want = self._want
+            if now - self._published_at >= storelink.PUBLISH_S or self._fresh_want:
+                ranks = tree.slim(summary["ranks"], want, now)
+                link.publish_node({**summary, "own": sorted(int(r) for r in self.node.traces),
+                                   "ranks": {r: compact_entry(e) if tree.detailed(e) else e for r, e in ranks.items()}})
+                self._published_at, self._fresh_want = now, False
             if self.leader:
                 return link.node_summaries(skip=link.node_index), set()
-            why = link.hang_reported()
-            if why:
-                on_hang(why)
-            if link.leader_ended():
+            want_raw, hang, ended = link.control()
+            if self.below is not None:
+                self.below.set_control(want_raw, hang, ended)
+            if want_raw is not None and want_raw != self._want_raw:
+                self._want_raw, self._fresh_want = want_raw, True
+                self._want = link.want()
+            if hang:
+                on_hang(hang.decode(errors="replace"))
+            if ended:
                 self._leader_ended, self.link = True, None
                 return [], set()
-            if self._leader_copy is None or now - self._leader_copy[0] >= LEADER_COPY_S:
-                copy = link.node_summary(1)
-                if copy is not None:
-                    self._leader_copy = (now, copy)
-            return [], link.wanted_stacks()
+            if self.topo is None or self.topo.parent in (None, 1):
+                if self._leader_copy is None or now - self._leader_copy[0] >= LEADER_COPY_S:
+                    copy = link.node_summary(1)
+                    if copy is not None:
+                        self._leader_copy = (now, copy)
+                    self._learn_siblings(link)
+            return [], set(self._want["stacks"])
         except storelink.StoreError as exc:
             self.down(exc)
             return [], set()
 
-    def want(self, wanted: set[int]) -> None:
-        """The leader: the ranks whose live stacks it needs from the hosts that hold them."""
-        if self.link is not None and wanted != self._wanted:
+    def _learn_siblings(self, link) -> None:
+        """A child of the leader with children of its own says where it serves them, in the
+        leader's store, and learns where its elder siblings do: who takes over if the leader dies."""
+        if not self.has_children or self.serving is None:
+            return
+        if self.topo.index not in self._siblings:
+            link._set(f"{storelink.PREFIX}agg/{self.topo.index}",
+                      f"{self.serving.address[0]}:{self.serving.address[1]}".encode())
+            self._siblings[self.topo.index] = self.serving.address
+        for k in range(2, self.topo.index):
+            if k not in self._siblings:
+                raw = link._get(f"{storelink.PREFIX}agg/{k}")
+                if raw is not None:
+                    self._siblings[k] = storelink.parse_address(raw.decode(errors="replace"))
+
+    @property
+    def _top(self) -> storelink.StoreLink | None:
+        """Where the leader writes what every host reads: its meeting point, or, on a host that
+        took over, its own server."""
+        return self.below if self.took_over else self.link
+
+    def judgeable(self, snap: dict) -> dict | None:
+        """The leader: what it judges this round. A small job: all of it. A large one: the ranks
+        it has in full, once every member of the groups it asked for is there (else None)."""
+        if self._every:
+            return snap
+        if not self._suspicion.groups:
+            return None
+        return tree.judged(snap, self._suspicion.groups, snap.get("taken_at") or time.time())
+
+    def want(self, wanted: set[int], snap: dict | None = None, now: float | None = None) -> None:
+        """The leader: the ranks whose live stacks it needs from the hosts that hold them, and, on
+        a job of more than DETAIL_ALL_RANKS ranks, the groups whose members it needs in full."""
+        groups: set[str] = set()
+        if snap is not None:
+            self._every = len(snap["ranks"]) <= tree.DETAIL_ALL_RANKS
+            if not self._every:
+                groups = self._suspicion.update(snap, now if now is not None else time.time())
+        key = (frozenset(wanted), frozenset(groups), self._every)
+        top = self._top
+        if top is not None and key != self._wanted:
             try:
-                self.link.set_wanted_stacks(wanted)
-                self._wanted = wanted
+                top.set_wanted_stacks(wanted, groups, self._every)
+                self._wanted = key
             except storelink.StoreError as exc:
                 self.down(exc)
 
     def publish_findings(self, findings: list[dict]) -> None:
-        if self.link is not None:
+        top = self._top
+        if top is not None:
             try:
-                self.link.publish_findings(findings)
+                top.publish_findings(findings)
             except storelink.StoreError as exc:
                 self.down(exc)
 
     def report_hang(self, why: str) -> None:
         """The leader found a hang: every other host acts on COLLTRACE_ON_HANG too."""
-        if self.link is not None:
+        top = self._top
+        if top is not None:
             try:
-                self.link.report_hang(why)
+                top.report_hang(why)
             except storelink.StoreError as exc:
                 self.down(exc)

@@ -13,19 +13,19 @@ import os
 import socket
 from datetime import timedelta
 
+from colltrace.host import storelink
 from colltrace.host.storelink import PREFIX, StoreError, _one_line, parse_address, quiet_c10d
 
 LEADER_KEY = PREFIX + "leader"
 
 
-def _client(host: str, port: int, timeout_s: float):
-    quiet_c10d()
-    from torch.distributed import TCPStore
+def parent_key(index: int) -> str:
+    """On a job of many hosts (host/tree.py) a host with children of its own announces its
+    server by this key, as the leader does by LEADER_KEY; deleted when the job ends."""
+    return f"{PREFIX}agg/{index}"
 
-    try:
-        return TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
-    except Exception as exc:  # RuntimeError/DistStoreError from c10d, OSError
-        raise StoreError(f"cannot reach the job's store at {host}:{port}: {_one_line(exc)}") from None
+
+_client = storelink.connect
 
 
 def local_address_towards(host: str, port: int) -> str:
@@ -38,34 +38,37 @@ def local_address_towards(host: str, port: int) -> str:
         return socket.gethostname()
 
 
-def leader_address(job_store) -> str | None:
-    """The leader's "HOST:PORT" as announced in the job's store (a client), or None."""
+def leader_address(job_store, key: str = LEADER_KEY) -> str | None:
+    """The leader's "HOST:PORT" (or another key's) as announced in the job's store (a client), or None."""
     try:
-        if not job_store.check([LEADER_KEY]):
+        if not job_store.check([key]):
             return None
-        return bytes(job_store.get(LEADER_KEY)).decode()
+        return bytes(job_store.get(key)).decode()
     except Exception as exc:
         raise StoreError(f"store: {_one_line(exc)}") from None
 
 
-def find_leader(host: str, port: int, timeout_s: float = 5.0) -> tuple[str, int] | None:
-    """Read the announcement once and let go of the job's store."""
+def find_leader(host: str, port: int, timeout_s: float = 5.0, keys=(LEADER_KEY,)) -> tuple[str, int] | None:
+    """Read the announcement once and let go of the job's store. Several keys: a list of
+    addresses (None for each not announced yet); one key: its address or None."""
     store = _client(host, port, timeout_s)
     try:
-        text = leader_address(store)
+        texts = [leader_address(store, k) for k in keys]
     finally:
         del store
-    return parse_address(text) if text else None
+    found = [parse_address(t) if t else None for t in texts]
+    return found[0] if len(keys) == 1 else found
 
 
 class MeetingPoint:
     """The leader's TCPStore server, and its one key in the job's store."""
 
-    def __init__(self, job_host: str, job_port: int, timeout_s: float = 5.0):
+    def __init__(self, job_host: str, job_port: int, timeout_s: float = 5.0, key: str = LEADER_KEY):
         quiet_c10d()   # torch's first import in the leader's watchdog: its log level is set now
         from torch.distributed import TCPStore
 
         self.job = (job_host, job_port)
+        self.key = key
         self.timeout_s = timeout_s
         want = os.environ.get("COLLTRACE_LEADER_PORT", "").strip()
         me = local_address_towards(job_host, job_port)
@@ -80,8 +83,8 @@ class MeetingPoint:
     def announce(self) -> None:
         store = _client(*self.job, self.timeout_s)
         try:
-            store.set(LEADER_KEY, f"{self.address[0]}:{self.address[1]}".encode())
-            store.check([LEADER_KEY])   # answered: the set is applied before we let go
+            store.set(self.key, f"{self.address[0]}:{self.address[1]}".encode())
+            store.check([self.key])   # answered: the set is applied before we let go
             self.announced = True
         except Exception as exc:
             raise StoreError(f"store at {self.job[0]}:{self.job[1]}: {_one_line(exc)}") from None
@@ -95,7 +98,7 @@ class MeetingPoint:
         self.announced = False
         try:
             store = _client(*self.job, min(self.timeout_s, 2.0))
-            store.delete_key(LEADER_KEY)
+            store.delete_key(self.key)
             del store
         except Exception:
             pass

@@ -12,7 +12,8 @@ Keys (all under PREFIX):
   node/<i>         zlib(JSON summary of node i), its group table replaced by "groups_crc"
   node/<i>/groups  zlib(JSON group table of node i), rewritten only when it changes: it lists
                    every member of every group (a 1,024-rank world group in each node's table)
-  want             JSON list of global ranks whose live stack the leader needs
+  want             JSON {"stacks": ranks whose live stack the leader needs, "groups": groups whose
+                   members' entries it needs in full, "all": every entry in full (a small job)}
   findings         zlib(JSON list of findings so far)
   hang             set by the leader when it finds a hang: every node then acts on
                    COLLTRACE_ON_HANG (dump its ranks' stacks; abort: end them too)
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import zlib
 from datetime import timedelta
 
@@ -105,17 +107,36 @@ def quiet_c10d() -> None:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
 
 
+_CONNECTING = threading.Lock()
+
+
+def connect(host: str, port: int, timeout_s: float, attempts: int = 3):
+    """A c10d TCPStore client of HOST:PORT. c10d's client looks up its peer's name on every
+    connect; where the resolver drops a query, that connect hangs for the resolver's timeout (5 s)
+    and, within a `timeout_s` as short, fails: a timed-out connect is tried again, up to
+    `attempts` times. One connect at a time in a process: overlapping ones stall each other (32 at
+    once on torch 2.13: most time out). A real host's watchdog makes one or two; a process that
+    simulates many hosts (benchmarks/scale_live.py) makes many."""
+    quiet_c10d()
+    for attempt in range(attempts):
+        try:
+            from torch.distributed import TCPStore   # no torch (a laptop reading a copied folder): one line
+
+            with _CONNECTING:
+                return TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s),
+                                wait_for_workers=False)
+        except Exception as exc:  # RuntimeError/DistStoreError from c10d, OSError
+            if attempt + 1 < attempts and "timed out" in str(exc):
+                continue
+            raise StoreError(f"cannot reach the job's store at {host}:{port}: {_one_line(exc)}") from None
+    raise AssertionError("unreachable")
+
+
 class StoreLink:
     def __init__(self, host: str, port: int, timeout_s: float = 5.0, follow_leader: bool = False):
         self.address = f"{host}:{port}"
-        quiet_c10d()
-        try:
-            from torch.distributed import TCPStore
-
-            self._store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s),
-                                   wait_for_workers=False)
-        except Exception as exc:  # RuntimeError/DistStoreError from c10d, OSError
-            raise StoreError(f"cannot reach the job's store at {self.address}: {_one_line(exc)}") from None
+        self.traffic = 0   # payload bytes sent and received through this link (benchmarks/scale_live.py)
+        self._store = connect(host, port, timeout_s)
         self.followed = False   # True: this link talks to the leader's server it found announced
         if follow_leader:   # given the job's store: the state is on the leader's own server
             raw = self._get(PREFIX + "leader")
@@ -141,22 +162,51 @@ class StoreLink:
             if crc != self._groups_crc:   # groups first: a summary never points at a missing table
                 self._store.set(key + "/groups", groups)
                 self._groups_crc = crc
+                self.traffic += len(groups)
             if data != self._data:
                 self._store.set(key, data)
                 self._data = data
+                self.traffic += len(data)
             self._store.set(key + "/beat", beat)
+            self.traffic += len(beat)
             self._applied(key + "/beat")
         except Exception as exc:
             raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None
 
     def wanted_stacks(self) -> set[int]:
+        return self.want()["stacks"]
+
+    def want(self) -> dict:
+        """What the leader wants of every host (host/tree.py's want_of; nothing said: all in full)."""
+        from colltrace.host.tree import want_of
+
         raw = self._get(PREFIX + "want")
-        if raw is None:
-            return set()
         try:
-            return {int(r) for r in json.loads(raw)}
+            return want_of(json.loads(raw) if raw is not None else None)
         except (ValueError, TypeError):
-            return set()
+            return want_of(None)
+
+    def control(self) -> tuple[bytes | None, bytes | None, bool]:
+        """(want, hang, ended) as this store holds them: a host with children copies its parent's down."""
+        try:
+            keys = [PREFIX + "want", PREFIX + "hang", PREFIX + "ended"]
+            have = [self._store.check([k]) for k in keys]
+            got = [bytes(self._store.get(k)) if h else None for k, h in zip(keys, have)]
+            self.traffic += sum(len(g) for g in got if g)
+        except Exception as exc:
+            raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None
+        return got[0], got[1], got[2] is not None
+
+    def set_control(self, want: bytes | None, hang: bytes | None, ended: bool) -> None:
+        """Write what changed of (want, hang, ended) here, for this store's readers."""
+        have = getattr(self, "_control", (None, None, False))
+        if want is not None and want != have[0]:
+            self._set(PREFIX + "want", want)
+        if hang is not None and hang != have[1]:
+            self._set(PREFIX + "hang", hang)
+        if ended and not have[2]:
+            self._set(PREFIX + "ended", b"1")
+        self._control = (want or have[0], hang or have[1], ended or have[2])
 
     def hang_reported(self) -> str | None:
         raw = self._get(PREFIX + "hang")
@@ -195,6 +245,7 @@ class StoreLink:
             present = [k for k in keys if k in self._present]
             beats = [k + "/beat" for k in present if k + "/beat" in self._present]
             values = self._store.multi_get(present + beats) if present else []
+            self.traffic += sum(len(v) for v in values)
         except Exception as exc:
             raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None
         beat_of = {}
@@ -231,8 +282,11 @@ class StoreLink:
             have = self._groups[key] = (crc, groups if isinstance(groups, dict) else {})
         return have[1]
 
-    def set_wanted_stacks(self, ranks) -> None:
-        self._set(PREFIX + "want", json.dumps(sorted(ranks)).encode())
+    def set_wanted_stacks(self, ranks, groups=(), every: bool = True) -> None:
+        self.set_want_raw(json.dumps({"stacks": sorted(ranks), "groups": sorted(groups), "all": every}).encode())
+
+    def set_want_raw(self, raw: bytes) -> None:
+        self._set(PREFIX + "want", raw)
 
     def publish_findings(self, findings: list[dict]) -> None:
         self._set(PREFIX + "findings", encode(findings))
@@ -252,13 +306,16 @@ class StoreLink:
         try:
             if not self._store.check([key]):
                 return None
-            return bytes(self._store.get(key))
+            v = bytes(self._store.get(key))
+            self.traffic += len(v)
+            return v
         except Exception as exc:
             raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None
 
     def _set(self, key: str, value: bytes) -> None:
         try:
             self._store.set(key, value)
+            self.traffic += len(value)
             self._applied(key)
         except Exception as exc:
             raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None

@@ -23,7 +23,7 @@ from colltrace.host.leader import Exchange
 from colltrace.host.nodeview import NodeView, process_gone
 from colltrace.host.outputs import Outputs
 from colltrace.model.build import merge, suspects
-from colltrace.reporters.text import activity_lines
+from colltrace.reporters.text import activity_lines, summarize
 
 CERTAIN_KINDS = ("deadlock", "mismatch", "dead_rank")   # what a stall can turn into
 SUPERSEDABLE = ("stall", "unmatched_p2p")
@@ -128,7 +128,7 @@ class Watchdog:
         snap = merge([summary] + others, now)
         if self.leader:
             wanted = suspects(snap, now)
-            self.store.want(wanted)
+            self.store.want(wanted, snap, now)
         local = {r for r in wanted if r in self.node.traces}
         self.node.sample(local)
         if local:
@@ -140,7 +140,11 @@ class Watchdog:
         if self.aborted:   # after our own abort, ranks failing or vanishing are its doing, not findings
             self._publish(snap, list(self.findings), [], now)
             return []
-        findings = analyze(snap, stall_s=self.settings.stall_s, now=now)
+        judged = self.store.judgeable(snap)   # a large job: the ranks it asked for in full (host/tree.py)
+        if judged is None:
+            self._publish(snap, list(self.findings), [], now)
+            return []
+        findings = summarize(analyze(judged, stall_s=self.settings.stall_s, now=now))
         if self.settings.dashboard and self.dashboard is None and (self.store.store_address is None or 0 in self.node.traces):
             self.dashboard = False   # on the host of rank 0 only, once; its imports take a second: off this loop
             threading.Thread(target=self.serve_dashboard, name="colltrace-dashboard-start", daemon=True).start()
@@ -206,7 +210,7 @@ class Watchdog:
         if changed:
             self.outputs.json("snapshot.json", snap)
             try:
-                self.outputs.report(self.findings)
+                self.outputs.report(self.findings, snap)
             except OSError:
                 pass
             self.stream.flush()

@@ -7,7 +7,7 @@ Plain data in and out, no I/O, no torch. A host summary is {"host", "t", "groups
 """
 from __future__ import annotations
 
-from colltrace.analysis import origins
+from colltrace import origins
 from colltrace.model.schema import ALIVE, DEAD, ENDED, PENDING, UNKNOWN, UNREADABLE, WAITING, empty
 
 SUSPECT_AFTER_S = 0.5   # others have waited this long: fetch the missing rank's live stack
@@ -190,25 +190,29 @@ def compact_entry(entry: dict) -> dict:
 
 def suspects(snap: dict, now: float) -> set[int]:
     """Ranks others have waited for a while that are in no collective: their live stack will
-    be needed to say where they are instead."""
+    be needed to say where they are instead. Each collective waited on is looked at once, not
+    once per rank waiting in it (a world group's hang: N waiters, N members)."""
     out = set()
     groups = snap["groups"]
     ranks = snap["ranks"]
+    seen = set()
     for entry in ranks.values():
         for r in entry.get("records") or []:
             if r.get("state") not in PENDING or r.get("p2p") and r.get("peer") is None:
                 continue
             if now - (r.get("entered_at") or now) < SUSPECT_AFTER_S:
                 continue
-            if r.get("p2p"):
-                members = [r["peer"]]
-            else:
-                members = groups.get(r.get("group"), {}).get("ranks", [])
+            p2p = bool(r.get("p2p"))
+            key = ("p2p", r["peer"]) if p2p else (r.get("group"), r.get("seq"))
+            if key in seen:
+                continue
+            seen.add(key)
+            members = [r["peer"]] if p2p else groups.get(r.get("group"), {}).get("ranks", [])
             for m in members:
                 other = ranks.get(str(m))
                 if other is None or other.get("status") not in (ALIVE, UNKNOWN):
                     continue
-                if not r.get("p2p") and (other.get("progress") or {}).get(r["group"], {}).get("entered", 0) >= r["seq"]:
+                if not p2p and (other.get("progress") or {}).get(r["group"], {}).get("entered", 0) >= r["seq"]:
                     continue
                 if not any(x.get("state") == WAITING for x in other.get("records") or []):
                     out.add(int(m))

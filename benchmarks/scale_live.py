@@ -1,0 +1,215 @@
+"""The live verdict on a large job: the watchdogs' real exchange, a hang injected, how soon the
+leader names it and what that costs it.
+
+    python benchmarks/scale_live.py --ranks 16384 [--fanout 32] [--warm 6] [--workers N] [--flat]
+
+Hosts of 8 ranks each run the real watchdog round (host/watchdog.py's step: host/leader.py's
+exchange along host/tree.py's tree, real c10d TCPStores, the leader's real analysis) on synthetic
+rank states (colltrace/testing/simhosts.py) instead of trace files. The leader (host 1) runs in a
+process of its own, whose CPU is measured; the other hosts share --workers processes (each steps
+its hosts in turn; on this 2-core machine their rounds come slower than a real host's 0.1 s,
+which makes the figures pessimistic). After --warm seconds of healthy all_reduces, the seeds'
+hang: every rank but one enters a world all_reduce, the missing one waits in a broadcast on a
+group of two: a certain deadlock from that instant. --flat: every host publishes to the leader
+directly (the exchange before the tree: fanout larger than the job). --compare: the flat exchange
+first, then the tree, in one run (the last line is the tree's).
+Last line, exactly:
+    scale: N ranks as H hosts: verdict X.XX s after the hang, root CPU Y% of a core, Z MB/s
+(root CPU: the leader's process, its store server included, from the hang until AFTER_S after
+it or the verdict, whichever is later; Z: payload bytes written to and read from every store,
+per second, from the hang until the run ends.)
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+WAIT_FOR_VERDICT_S = 30.0
+REPORTED = -1.0
+AFTER_S = 5.0     # the leader's CPU is measured from the hang until this long after it (or the verdict)
+
+
+def _traffic(wds) -> int:
+    """Payload bytes through every store link these hosts hold (StoreLink.traffic)."""
+    n = 0
+    for wd in wds:
+        for link in (wd.store.link, wd.store.below):
+            n += getattr(link, "traffic", 0) if link is not None else 0
+    return n
+
+
+def _job(ranks, t0, hang_at):
+    from colltrace.testing import simhosts
+
+    return simhosts.Job(ranks, t0, hang_at)
+
+
+def worker(indices, ranks, fan, port, t0, hang_at, ready, done, results, period) -> None:
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
+    from colltrace.testing import simhosts
+
+    job = _job(ranks, t0, hang_at.value or None)
+    sink = io.StringIO()
+    d = tempfile.mkdtemp(prefix="ct-scale-")
+    wds = [simhosts.host_watchdog(job, i, ("127.0.0.1", port), d, sink, fan) for i in indices]
+    first, base = True, None
+    while not done.value:
+        start = time.time()
+        job.hang_at = hang_at.value or None
+        if job.hang_at and base is None:
+            base = _traffic(wds)
+        for wd in wds:
+            try:
+                wd.step()
+            except Exception as exc:  # a host's bad round is said, the others go on
+                print(f"scale_live: host {wd.node.index}: {exc!r}", file=sys.stderr)
+        if first:
+            if all(wd.store.link is not None or wd.store.took_over for wd in wds):
+                first = False
+                ready.put(len(wds))
+        time.sleep(max(0.0, period - (time.time() - start)))
+    results.put(("traffic", _traffic(wds) - (base or 0)))
+
+
+def root(ranks, fan, port, t0, hang_at, ready, done, results, period) -> None:
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
+    import psutil
+
+    from colltrace.testing import simhosts
+
+    job = _job(ranks, t0, None)
+    d = tempfile.mkdtemp(prefix="ct-scale-root-")
+    wd = simhosts.host_watchdog(job, 1, ("127.0.0.1", port), d, io.StringIO(), fan)
+    me = psutil.Process()
+    prof = None
+    if os.environ.get("SCALE_LIVE_PROFILE"):   # where the leader's time goes: pstats into this file
+        import cProfile
+        prof = cProfile.Profile()
+        prof.enable()
+    verdict, cpu0, t_cpu0, said, base = None, None, None, False, None
+    while not done.value:
+        start = time.time()
+        job.hang_at = hang_at.value or None
+        if job.hang_at and cpu0 is None:   # the measured window: the hang and AFTER_S after it
+            c = me.cpu_times()
+            cpu0, t_cpu0, base = c.user + c.system, time.time(), _traffic([wd])
+        try:
+            new = wd.step()
+        except Exception as exc:
+            print(f"scale_live: leader: {exc!r}", file=sys.stderr)
+            new = []
+        if not said and wd.store.link is not None:
+            said = True
+            ready.put(1)
+        if verdict is None and any(f.get("kind") == "deadlock" for f in new) and job.hang_at:
+            verdict = time.time() - job.hang_at
+            text = [f"{f.get('kind')} {f.get('key')}, {len(f.get('ranks') or ())} ranks named" for f in new]
+        if verdict is not None and cpu0 not in (None, REPORTED) and time.time() >= job.hang_at + max(verdict, AFTER_S):
+            c = me.cpu_times()
+            results.put(("verdict", verdict, (c.user + c.system - cpu0) / (time.time() - t_cpu0), text))
+            cpu0 = REPORTED
+        time.sleep(max(0.0, period - (time.time() - start)))
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(os.environ["SCALE_LIVE_PROFILE"])
+    results.put(("traffic", _traffic([wd]) - (base or 0)))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=16384)
+    ap.add_argument("--fanout", type=int, default=None, help="children per parent (default: colltrace's)")
+    ap.add_argument("--flat", action="store_true", help="every host publishes to the leader (no tree)")
+    ap.add_argument("--compare", action="store_true", help="the flat exchange, then the tree, in one run")
+    ap.add_argument("--warm", type=float, default=6.0, help="seconds of healthy job after every host connected")
+    ap.add_argument("--workers", type=int, default=None, help="processes for the hosts other than the leader")
+    ap.add_argument("--period", type=float, default=None, help="seconds between a simulated host's rounds")
+    args = ap.parse_args(argv)
+    if args.compare:
+        flat = run(args, flat=True)
+        print(f"flat: {flat}" if flat else "flat: no verdict (above)", flush=True)
+        return 0 if run(args, flat=False) else 1
+    return 0 if run(args, args.flat) else 1
+
+
+def run(args, flat: bool) -> str | None:
+    """One measured run; its `scale:` line (also printed), or None where it gave no verdict."""
+    from torch.distributed import TCPStore
+
+    from colltrace.host import tree
+    from colltrace.testing import simhosts
+
+    hosts = -(-args.ranks // simhosts.RANKS_PER_HOST)
+    fan = hosts + 1 if flat else (args.fanout or tree.FANOUT)
+    workers = args.workers or max(1, min(16, (hosts - 1 + 127) // 128))
+    period = args.period or max(0.1, min(1.0, hosts / 2000))
+    job_store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    ctx = multiprocessing.get_context("spawn")
+    ready, results = ctx.Queue(), ctx.Queue()
+    hang_at, done = ctx.Value("d", 0.0), ctx.Value("b", 0)
+    t0 = time.time()
+    others = list(range(2, hosts + 1))
+    # Contiguous blocks: a worker holds whole subtrees where it can (its parents and their children).
+    chunks = [others[i * len(others) // workers:(i + 1) * len(others) // workers] for i in range(workers)]
+    chunks = [c for c in chunks if c]
+    procs = [ctx.Process(target=root, args=(args.ranks, fan, job_store.port, t0, hang_at, ready, done, results,
+                                            0.1), daemon=True)]
+    procs += [ctx.Process(target=worker, args=(c, args.ranks, fan, job_store.port, t0, hang_at, ready, done, results,
+                                               period), daemon=True) for c in chunks]
+    for p in procs:
+        p.start()
+    got, deadline = 0, time.time() + 600
+    try:
+        while got < hosts and time.time() < deadline:
+            try:
+                got += ready.get(timeout=5)
+            except Exception:
+                if not all(p.is_alive() for p in procs):
+                    print("scale_live: a simulated host's process died", file=sys.stderr)
+                    return None
+        if got < hosts:
+            print(f"scale_live: only {got} of {hosts} hosts connected in 600 s", file=sys.stderr)
+            return None
+        connected = time.time() - t0
+        time.sleep(args.warm)
+        hang_at.value = time.time()
+        try:
+            kind, verdict, cpu, text = results.get(timeout=WAIT_FOR_VERDICT_S)
+        except Exception:
+            print(f"scale_live: no verdict within {WAIT_FOR_VERDICT_S:.0f} s of the hang", file=sys.stderr)
+            return None
+        time.sleep(1.0)
+    finally:
+        done.value = 1
+        window = time.time() - (hang_at.value or time.time())
+        traffic = 0
+        for _ in procs:
+            try:
+                traffic += results.get(timeout=30)[1]
+            except Exception:
+                break
+        traffic /= max(window, 1e-6)
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    print(f"{args.ranks} ranks, {hosts} hosts of {simhosts.RANKS_PER_HOST}, "
+          f"{'flat (every host to the leader)' if flat else f'tree of fanout {fan}'}; "
+          f"{len(chunks)} worker processes, a host's round every {period:.2f} s; all connected in {connected:.1f} s")
+    for t in text:
+        print("  verdict: " + t.replace("\n", " ")[:300])
+    line = (f"scale: {args.ranks} ranks as {hosts} hosts: verdict {verdict:.2f} s after the hang, "
+            f"root CPU {100 * cpu:.0f}% of a core, {traffic / 1e6:.2f} MB/s")
+    print(line, flush=True)
+    return line
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""The shape of the watchdogs' exchange on a large job, and what travels up it.
+
+On a job of a few hosts every host publishes its summary to the leader's meeting point, and the
+leader reads them all each round (host/leader.py, host/storelink.py). That costs the leader in
+proportion to the ranks, and one c10d store server serving thousands of hosts connects them
+slowly. So hosts are arranged in a tree of FANOUT children per parent, numbered as torchrun
+numbers them (node rank + 1; the host of rank 0 is 1, the root): the parent of host i is
+(i - 2) // FANOUT + 1. A host with children serves a c10d TCPStore of its own (as the leader
+does) and announces it by one key in the job's store; its children publish to it exactly as
+they would to the leader. Each round it reads its children's summaries, merges them with its
+own into one subtree summary and publishes that to its parent; what the root writes for
+everyone (the ranks it wants details and stacks of, the hang, the end) it copies down to its
+own store. A job of FANOUT + 1 hosts or fewer is the leader's star of today, unchanged.
+
+What travels up is small unless the root asks: on a job of more than DETAIL_ALL_RANKS ranks a
+rank's entry is its vitals (status, each group's last entered and completed number, the beat),
+a few bytes a rank; its records and stacks go up only for the ranks of the groups the root
+names in `want` (a collective waited on for SUSPECT_AFTER_S with its numbers unmoved, a rank
+that died), and for ranks that are not alive. The root judges only the ranks it has in full.
+"""
+from __future__ import annotations
+
+import os
+
+from colltrace.model.schema import ALIVE, PENDING, UNKNOWN
+
+FANOUT = 32               # children per parent: a store server serves at most this many hosts
+DETAIL_ALL_RANKS = 512    # up to this many ranks every rank's entry travels in full, every round
+SUSPECT_AFTER_S = 0.5     # a collective waited on this long with nothing moving: its group's details
+HOST_LOST_S = 5.0         # a rank whose heartbeat (its poller thread beats while it waits) is this old: its host stopped publishing
+
+VITAL = ("rank", "status", "host", "pid", "progress", "heartbeat", "exit", "died_at", "stall_s")
+
+
+def fanout(environ=os.environ) -> int:
+    v = environ.get("COLLTRACE_FANOUT", "").strip()
+    return int(v) if v.isdigit() and int(v) >= 2 else FANOUT
+
+
+class Topology:
+    """Host `index` (1-based; 1 is the root) of `hosts`, FANOUT children a parent."""
+
+    def __init__(self, index: int, hosts: int, fan: int = FANOUT):
+        self.index, self.hosts, self.fan = index, max(hosts, index), fan
+
+    @property
+    def parent(self) -> int | None:
+        return None if self.index == 1 else (self.index - 2) // self.fan + 1
+
+    @property
+    def children(self) -> range:
+        first = self.fan * (self.index - 1) + 2
+        return range(first, min(self.hosts, first + self.fan - 1) + 1)
+
+    @property
+    def interior(self) -> bool:
+        """Serves a store for children of its own (the root always does: it is the meeting point)."""
+        return self.index == 1 or len(self.children) > 0
+
+    @property
+    def depth(self) -> int:
+        d, i = 0, self.index
+        while i != 1:
+            i, d = (i - 2) // self.fan + 1, d + 1
+        return d
+
+
+def host_index(environ=os.environ) -> tuple[int, int] | None:
+    """(this host's index, the number of hosts) from torchrun's environment, which the ranks'
+    watchdog inherits: GROUP_RANK (the node rank) and WORLD_SIZE / LOCAL_WORLD_SIZE. None where
+    it is not known (a job started by hand): then the host joins the leader's star."""
+    g, w, lw = (environ.get(k, "").strip() for k in ("GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"))
+    if not (g.isdigit() and w.isdigit() and lw.isdigit()) or int(lw) == 0:
+        return None
+    hosts = -(-int(w) // int(lw))
+    return (int(g) + 1, hosts) if int(g) < hosts else None
+
+
+# ---- what a subtree summary carries ------------------------------------------------------------
+
+def want_of(raw) -> dict:
+    """The root's `want`, read leniently: {"stacks": set, "groups": set, "all": bool}. A plain
+    list (what a leader wrote before the tree) is the stacks it wants, and everything in full."""
+    if isinstance(raw, list):
+        return {"stacks": {int(r) for r in raw if isinstance(r, int) or str(r).isdigit()}, "groups": set(), "all": True}
+    if not isinstance(raw, dict):
+        return {"stacks": set(), "groups": set(), "all": True}
+    stacks = {int(r) for r in raw.get("stacks") or [] if isinstance(r, int) or str(r).isdigit()}
+    groups = {str(g) for g in raw.get("groups") or []}
+    return {"stacks": stacks, "groups": groups, "all": bool(raw.get("all", True))}
+
+
+def vital(entry: dict) -> dict:
+    e = {k: entry[k] for k in VITAL if k in entry}
+    e["vital"] = True
+    return e
+
+
+def detailed(entry: dict) -> bool:
+    return not entry.get("vital")
+
+
+def slim(ranks: dict, want: dict, now: float) -> dict:
+    """The entries a subtree sends up: in full where the root wants them (every rank on a small
+    job, the ranks of the groups it names), for any rank that is not alive, and for a rank
+    waiting in a collective for SUSPECT_AFTER_S already (what a verdict reads: sent before the
+    root asks, which saves the hang's verdict a trip down the tree and back); else the vitals."""
+    if want["all"]:
+        return ranks
+    groups = want["groups"]
+    out = {}
+    for r, e in ranks.items():
+        if not isinstance(e, dict) or not detailed(e):
+            out[r] = e
+        elif e.get("status") not in (ALIVE, UNKNOWN) or groups.intersection(e.get("progress") or ()) or _waits(e, now):
+            out[r] = e
+        else:
+            out[r] = vital(e)
+    return out
+
+
+def _waits(entry: dict, now: float) -> bool:
+    for rec in entry.get("records") or ():
+        if rec.get("state") in PENDING and now - (rec.get("entered_at") or now) >= SUSPECT_AFTER_S:
+            return True
+    return False
+
+
+def merge_subtree(own: dict, children: list[dict], now: float) -> dict:
+    """This host's summary and its children's, as one summary for its parent: one host name
+    (this one), every rank of the subtree, every group any of them knows. Where one rank comes
+    twice (a grandchild that moved up to the root when its parent died still sits in a stale
+    copy), the entry with the newer heartbeat wins."""
+    ranks = dict(own.get("ranks") or {})
+    groups = dict(own.get("groups") or {})
+    for s in children:
+        groups.update(s.get("groups") or {})
+        for r, e in (s.get("ranks") or {}).items():
+            have = ranks.get(r)
+            if have is None or _beat(e) >= _beat(have):
+                ranks[r] = e
+    return dict(own, t=now, ranks=ranks, groups=groups,
+                hosts=1 + sum(int(s.get("hosts") or 1) for s in children))
+
+
+def _beat(e) -> float:
+    hb = e.get("heartbeat") if isinstance(e, dict) else None
+    return float(hb) if isinstance(hb, (int, float)) else 0.0
+
+
+# ---- the root: which groups to ask details of ---------------------------------------------------
+
+class Suspicion:
+    """On a job judged from vitals: the groups whose members' numbers show a collective entered
+    by some and not completed by all, unmoved for SUSPECT_AFTER_S; every group of a rank that is
+    not alive; and, once details came, the groups of every pending record they show (so that
+    what is judged is whole). Kept until the job moves on."""
+
+    def __init__(self):
+        self._seen: dict[str, tuple] = {}    # group -> (its numbers, since when unmoved)
+        self.groups: set[str] = set()
+
+    def update(self, snap: dict, now: float) -> set[str]:
+        lo_done: dict[str, int] = {}
+        hi_entered: dict[str, int] = {}
+        dead: set[str] = set()
+        pending: set[str] = set()
+        stuck: set[str] = set()
+        for e in snap["ranks"].values():
+            if not isinstance(e, dict):
+                continue
+            prog = e.get("progress") or {}
+            if e.get("status") not in (ALIVE, UNKNOWN):
+                dead.update(prog)
+            for g, p in prog.items():
+                if not isinstance(p, dict):
+                    continue
+                ent, done = p.get("entered") or 0, p.get("completed") or 0
+                if ent > hi_entered.get(g, -1):
+                    hi_entered[g] = ent
+                if done < lo_done.get(g, 1 << 62):
+                    lo_done[g] = done
+            if detailed(e):
+                for r in e.get("records") or ():
+                    if r.get("state") in PENDING and r.get("group") is not None:
+                        pending.add(str(r["group"]))
+                        if now - (r.get("entered_at") or now) >= SUSPECT_AFTER_S:
+                            stuck.add(str(r["group"]))
+        waiting = set()
+        for g, hi in hi_entered.items():
+            sig = (hi, lo_done.get(g, 0))
+            if hi <= sig[1]:
+                self._seen.pop(g, None)
+                continue
+            have = self._seen.get(g)
+            if have is None or have[0] != sig:
+                self._seen[g] = (sig, now)
+            if g in stuck or now - self._seen[g][1] >= SUSPECT_AFTER_S:
+                # a member's own record says it waited that long (its host sent it unasked: tree.slim)
+                waiting.add(g)
+        # Groups whose collectives moved again are forgotten; the rest stay wanted.
+        self.groups = {g for g in self.groups if g in waiting or g in dead or g in pending} | waiting | dead
+        if self.groups:
+            self.groups |= pending
+        return self.groups
+
+
+def judged(snap: dict, groups: set[str], now: float) -> dict | None:
+    """What the root judges on a job seen from vitals: the ranks it has in full, once every
+    member of every wanted group is among them (else None: wait for the next round). A member
+    whose host stopped publishing (its beat older than HOST_LOST_S) will never send its details:
+    it is judged dead, its host named."""
+    ranks = {r: e for r, e in snap["ranks"].items() if isinstance(e, dict) and detailed(e)}
+    if not ranks:
+        return None
+    table = snap.get("groups") or {}
+    for g in groups:
+        for m in (table.get(g) or {}).get("ranks") or []:
+            r = str(m)
+            e = snap["ranks"].get(r)
+            if r in ranks or not isinstance(e, dict):
+                continue
+            if now - _beat(e) < HOST_LOST_S:
+                return None
+            ranks[r] = dict(e, status="dead", died_at=_beat(e), records=[], vital=False,
+                            exit={"signal": None, "note": f"its host ({e.get('host')}) stopped answering"})
+    return dict(snap, ranks=ranks)

@@ -1,0 +1,130 @@
+"""The watchdogs' exchange along a tree (host/tree.py), on real processes and real c10d stores:
+one simulated host a process (colltrace/testing/simhosts.py: the real watchdog round on
+synthetic rank states), fanout 2 so that five hosts make three levels. Each test judges the
+job from vitals, as a job of thousands of ranks is judged (DETAIL_ALL_RANKS = 0)."""
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import time
+
+import pytest
+from torch.distributed import TCPStore
+
+from colltrace.testing import simhosts
+
+pytestmark = pytest.mark.timeout(120)
+
+FAN = 2
+HOSTS = 5
+RANKS = HOSTS * simhosts.RANKS_PER_HOST
+
+
+class Hosts:
+    def __init__(self, culprit=None, partner=None):
+        self.ctx = multiprocessing.get_context("spawn")
+        self.store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        self.out = self.ctx.Queue()
+        self.hang_at, self.stop = self.ctx.Value("d", 0.0), self.ctx.Value("b", 0)
+        self.t0 = time.time()
+        self.culprit, self.partner = culprit, partner
+        self.procs: dict[int, multiprocessing.Process] = {}
+        self.said: dict[int, str] = {}
+
+    def start(self, *indices):
+        for i in indices:
+            p = self.ctx.Process(target=simhosts.run_host, daemon=True,
+                                 args=(i, RANKS, FAN, self.store.port, self.t0, self.hang_at, self.stop, self.out,
+                                       self.culprit, self.partner, 0))
+            p.start()
+            self.procs[i] = p
+
+    def kill(self, index):
+        self.procs[index].kill()
+        self.procs[index].join(10)
+
+    def hang(self):
+        self.hang_at.value = time.time()
+
+    def wait_for(self, pred, timeout):
+        """The first finding (index, kind, key, ranks) for which pred holds, or None."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                msg = self.out.get(timeout=max(0.01, deadline - time.time()))
+            except queue.Empty:
+                break
+            if msg[0] == "said":
+                self.said[msg[1]] = self.said.get(msg[1], "") + msg[2]
+            elif pred(*msg[1:]):
+                return msg[1:]
+        return None
+
+    def close(self):
+        self.stop.value = 1
+        for p in self.procs.values():
+            p.join(15)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+
+
+@pytest.fixture
+def hosts(request):
+    made = []
+
+    def make(**kw):
+        h = Hosts(**kw)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        h.close()
+
+
+def deadlock(index, kind, key, ranks):
+    return kind == "deadlock"
+
+
+def test_hosts_that_join_late_are_judged_with_the_rest(hosts):
+    h = hosts()
+    h.start(1, 2, 3)
+    time.sleep(4)
+    h.start(4, 5)          # the grandchildren (parent: host 2) join after the others run
+    time.sleep(8)
+    h.hang()
+    got = h.wait_for(deadlock, 30)
+    assert got is not None, h.said
+    index, _, key, ranks = got
+    assert index == 1
+    assert ranks == list(range(RANKS)), "every rank of the world all_reduce and the culprit, hosts 4-5 too"
+    assert "pair#1" in key
+
+
+def test_a_host_that_dies_takes_only_its_own_ranks_with_it(hosts):
+    h = hosts()
+    h.start(1, 2, 3, 4, 5)
+    time.sleep(10)
+    h.kill(2)              # an inner host: its children (4, 5) move up to the leader
+    time.sleep(4)
+    h.hang()
+    got = h.wait_for(lambda i, kind, key, ranks: i == 1 and bool(set(ranks) & set(range(24, 40))), 30)
+    assert got is not None, h.said
+    _, kind, _, ranks = got
+    assert set(range(24, 40)) <= set(ranks), "the ranks of hosts 4 and 5, under the dead host 2, still judged"
+    assert not any("Traceback" in t or "step failed" in t for t in h.said.values()), h.said
+
+
+def test_when_the_leaders_host_dies_the_first_of_its_children_judges_the_job(hosts):
+    # the hang between two ranks away from the leader's host, so that it is still a deadlock
+    h = hosts(culprit=RANKS - 3, partner=9)
+    h.start(1, 2, 3, 4, 5)
+    time.sleep(10)
+    h.kill(1)
+    h.hang()
+    got = h.wait_for(lambda i, kind, key, ranks: i == 2 and kind in ("deadlock", "dead_rank"), 40)
+    assert got is not None, h.said
+    assert "judges the job from now on" in h.said.get(2, ""), h.said
+    assert "host (node1, ranks 0-7) stopped answering" in h.said.get(2, ""), h.said
+    assert not any("judges the job" in t for i, t in h.said.items() if i != 2), "one host takes over, one line"

@@ -1,0 +1,114 @@
+"""The exchange's tree on paper (colltrace/host/tree.py): who is whose parent, what a subtree
+sends up, which groups the root asks details of, and when it judges. Plain data: no store."""
+from __future__ import annotations
+
+from colltrace.host import tree
+from colltrace.model.build import suspects
+from colltrace.testing import simhosts
+
+
+def test_every_host_but_the_root_has_one_parent_and_is_its_parents_child():
+    hosts, fan = 2048, 32
+    seen = set()
+    for i in range(2, hosts + 1):
+        t = tree.Topology(i, hosts, fan)
+        assert i in tree.Topology(t.parent, hosts, fan).children
+        seen.add(i)
+    assert seen == set(range(2, hosts + 1))
+    assert tree.Topology(1, hosts, fan).parent is None
+    assert max(tree.Topology(i, hosts, fan).depth for i in range(1, hosts + 1)) == 3   # 2,048 hosts: 3 hops up
+
+
+def test_torchruns_environment_places_the_host_and_a_job_started_by_hand_joins_the_star():
+    env = {"GROUP_RANK": "3", "WORLD_SIZE": "64", "LOCAL_WORLD_SIZE": "8"}
+    assert tree.host_index(env) == (4, 8)
+    assert tree.host_index({}) is None
+    assert tree.host_index({"GROUP_RANK": "x", "WORLD_SIZE": "64", "LOCAL_WORLD_SIZE": "8"}) is None
+
+
+def _entries(job, index, now):
+    return {str(r): job.entry(r, index, now) for r in job.host_ranks(index)}
+
+
+def test_a_healthy_subtree_sends_vitals_unless_the_root_wants_everything():
+    job = simhosts.Job(64, t0=0.0, hang_at=None)
+    ranks = _entries(job, 2, now=10.0)
+    slim = tree.slim(ranks, tree.want_of({"stacks": [], "groups": [], "all": False}), now=10.0)
+    assert all(not tree.detailed(e) for e in slim.values())
+    assert all(set(e) <= set(tree.VITAL) | {"vital"} for e in slim.values())
+    assert tree.slim(ranks, tree.want_of(None), now=10.0) == ranks   # nothing said: all in full
+
+
+def test_a_rank_waiting_past_the_suspect_time_goes_up_in_full_before_the_root_asks():
+    job = simhosts.Job(64, t0=0.0, hang_at=10.0)
+    want = tree.want_of({"stacks": [], "groups": [], "all": False})
+    early = tree.slim(_entries(job, 2, now=10.1), want, now=10.1)
+    assert all(not tree.detailed(e) for e in early.values()), "a wait this short is any collective's"
+    late = tree.slim(_entries(job, 2, now=11.0), want, now=11.0)
+    assert all(tree.detailed(e) for e in late.values())
+
+
+def test_the_root_asks_for_a_stuck_group_at_once_and_forgets_it_once_it_moves():
+    job = simhosts.Job(64, t0=0.0, hang_at=10.0)
+    s = tree.Suspicion()
+    healthy = {"groups": {}, "ranks": {r: tree.vital(e) for i in range(1, 9) for r, e in _entries(job, i, 5.0).items()}}
+    assert s.update(healthy, 5.0) == set()
+    # vitals alone: a collective entered by some and completed by none must stay unmoved a while
+    vitals = {"groups": {}, "ranks": {r: tree.vital(e) for i in range(1, 9) for r, e in _entries(job, i, 11.0).items()}}
+    assert s.update(vitals, 11.0) == set()
+    assert "0" in s.update(vitals, 11.0 + tree.SUSPECT_AFTER_S)
+    # details that already show a long wait: wanted in the same round they arrive
+    fresh = tree.Suspicion()
+    full = {"groups": {}, "ranks": {r: e for i in range(1, 9) for r, e in _entries(job, i, 11.0).items()}}
+    assert {"0", simhosts.PAIR} <= fresh.update(full, 11.0)
+    moved = {"groups": {}, "ranks": {r: tree.vital(e) for i in range(1, 9) for r, e in _entries(simhosts.Job(64, 0.0, None), i, 12.0).items()}}
+    assert fresh.update(moved, 12.0) == set()
+
+
+def test_the_root_judges_only_when_every_member_of_a_wanted_group_is_in_full():
+    job = simhosts.Job(16, t0=0.0, hang_at=10.0)
+    groups = {**job.groups(1), **job.groups(2)}
+    full = {r: e for i in (1, 2) for r, e in _entries(job, i, 11.0).items()}
+    part = dict(full, **{"9": tree.vital(full["9"])})
+    assert tree.judged({"groups": groups, "ranks": part}, {"0"}, now=11.0) is None
+    got = tree.judged({"groups": groups, "ranks": full}, {"0"}, now=11.0)
+    assert set(got["ranks"]) == set(full)
+    # a member whose host stopped publishing long ago is judged dead, its host named
+    gone = dict(part, **{"9": dict(tree.vital(full["9"]), heartbeat=11.0 - tree.HOST_LOST_S - 1)})
+    got = tree.judged({"groups": groups, "ranks": gone}, {"0"}, now=11.0)
+    assert got["ranks"]["9"]["status"] == "dead" and "node2" in got["ranks"]["9"]["exit"]["note"]
+
+
+def _suspects_per_waiter(snap, now):
+    """The rule as first written: every waiting rank's record looked at on its own."""
+    from colltrace.model.build import ALIVE, PENDING, SUSPECT_AFTER_S, UNKNOWN, WAITING
+
+    out = set()
+    for entry in snap["ranks"].values():
+        for r in entry.get("records") or []:
+            if r.get("state") not in PENDING or now - (r.get("entered_at") or now) < SUSPECT_AFTER_S:
+                continue
+            for m in snap["groups"].get(r.get("group"), {}).get("ranks", []):
+                other = snap["ranks"].get(str(m))
+                if other is None or other.get("status") not in (ALIVE, UNKNOWN):
+                    continue
+                if (other.get("progress") or {}).get(r["group"], {}).get("entered", 0) >= r["seq"]:
+                    continue
+                if not any(x.get("state") == WAITING for x in other.get("records") or []):
+                    out.add(int(m))
+    return out
+
+
+def test_suspects_looks_at_each_collective_once_and_finds_what_looking_per_waiter_found():
+    job = simhosts.Job(64, t0=0.0, hang_at=10.0)
+    groups = {}
+    ranks = {}
+    for i in range(1, 9):
+        groups.update(job.groups(i))
+        ranks.update(_entries(job, i, 11.0))
+    # two ranks left their wait (busy elsewhere, in no collective): the ones others wait for
+    for r in ("5", "40"):
+        ranks[r] = dict(ranks[r], records=[x for x in ranks[r]["records"] if x["state"] == "completed"],
+                        progress=dict(ranks[r]["progress"], **{"0": ranks["0"]["progress"]["0"] | {"entered": 0}}))
+    snap = {"groups": groups, "ranks": ranks}
+    assert suspects(snap, 11.0) == _suspects_per_waiter(snap, 11.0) == {5, 40}
