@@ -1,5 +1,5 @@
-"""What a reader with a clone meets in the README and the example's own README: folders the clone
-holds, and no story told by reference to documents it does not have."""
+"""What a reader with a clone meets in the README, the other docs and the example's own README:
+folders the clone holds, and no story told by reference to documents it does not have."""
 from __future__ import annotations
 
 import glob
@@ -9,7 +9,7 @@ import re
 import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-DOCS = ["README.md", "docs/design.md", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "examples", "*", "*")))]
+DOCS = ["README.md", "benchmarks/README.md", "CONTRIBUTING.md", "CHANGELOG.md", "docs/design.md", "docs/usage.md", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "examples", "*", "*")))]
 DOCS = [d for d in DOCS if d.endswith((".md", ".py"))]
 
 
@@ -34,13 +34,14 @@ def test_no_doc_leans_on_reports_the_reader_has_not_got(doc):
 
 
 def test_what_build_hooks_saves_is_one_figure_in_the_help_the_install_notes_and_the_faq():
-    """The Performance section's measured figures (a traced 1-element all_reduce, with and without
-    the build, torch 2.13 and 2.14.1) are the ones the help, Install and the FAQ give."""
+    """benchmarks/README.md's measured figures (a traced 1-element all_reduce, with and without the
+    build, torch 2.13 and 2.14.1) are the ones the help, the README's Install and its FAQ give."""
     from colltrace.commands.build_hooks import BuildHooksCommand
 
     readme = text("README.md")
-    on_213 = next(l for l in readme.splitlines() if l.startswith("| instructions per 1-element `all_reduce`"))
-    on_214 = next(l for l in readme.splitlines() if l.startswith("| the same on torch 2.14.1"))
+    table = text("benchmarks/README.md").splitlines()
+    on_213 = next(l for l in table if l.startswith("| instructions per 1-element `all_reduce`"))
+    on_214 = next(l for l in table if l.startswith("| the same on torch 2.14.1"))
     measured = [re.search(r"traced \([^|]*?\) \*\*(\+[\d,]+)\*\*", on_213).group(1),
                 re.search(r"without the build[^|]*?\*\*(\+[\d,]+)\*\*", on_213).group(1),
                 re.search(r"traced \*\*(\+[\d,]+)\*\*", on_214).group(1),
@@ -49,4 +50,4 @@ def test_what_build_hooks_saves_is_one_figure_in_the_help_the_install_notes_and_
     faq = readme[readme.index("**What does it cost?**"):readme.index("**Which torch?**")]
     for where, words in (("build-hooks' help", BuildHooksCommand.help), ("Install", install), ("the FAQ", faq)):
         said = re.findall(r"\+[\d,]{3,}", words)
-        assert sorted(said) == sorted(measured), f"{where} says {said}; the Performance section measured {measured}"
+        assert sorted(said) == sorted(measured), f"{where} says {said}; benchmarks/README.md measured {measured}"

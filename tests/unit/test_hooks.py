@@ -114,7 +114,6 @@ class CountingGroup(FakeGroup):
 
 
 def _hook_route_records(tmp_path, pure: bool, monkeypatch):
-    import sys
     import types
 
     import torch

@@ -4,7 +4,6 @@ the ending recorded (tracefile/endings.py) so that every reader tells it as it h
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time

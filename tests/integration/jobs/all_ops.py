@@ -4,7 +4,6 @@ The test compares colltrace's trace with these counts and with the calls made he
 numbers of the calls are looked up by the test from this file's text: `# op: NAME` markers).
 """
 import json
-import os
 import sys
 
 import torch

@@ -41,7 +41,7 @@ elif rank == 1:
 work = pg.allreduce([torch.ones(5)])   # async, its Work waited on later
 pg.allreduce([torch.ones(5)]).wait()
 work.wait()
-t = threading.Thread(target=lambda: pg.allreduce([torch.ones(2)]).wait(), name="worker")
+t = threading.Thread(target=lambda: pg.allreduce([torch.ones(2)]).wait(), name="worker")  # noqa: F821 (pg: above)
 t.start()
 t.join()
 sub = dist.new_group(list(range(world)))

@@ -42,7 +42,7 @@ def load_batch(n):
 
 
 def prefetch(ready):
-    batch = 1 / 0  # op: thread_raise
+    batch = 1 / 0  # noqa: F841  # op: thread_raise
     ready.set()
 
 
