@@ -17,7 +17,7 @@ class AnalyzeCommand:
     def prepare_parser(self, p):
         p.add_argument("dir", help="the trace folder (COLLTRACE_DIR of the job; colltrace-out: its newest run-*), "
                                    "or a folder of Flight Recorder dumps")
-        p.add_argument("--json", action="store_true", help='print {"findings": [...], "culprits": [...]}')
+        p.add_argument("--json", action="store_true", help='print {"findings": [...], "culprits": [...], "warnings": [...], "stragglers": [...]}')
         p.add_argument("--stall-s", type=float, default=None,
                        help="stall threshold in seconds (default: the job's COLLTRACE_STALL_S; 0 for Flight "
                             "Recorder dumps, which are written when a collective timed out)")
@@ -26,19 +26,20 @@ class AnalyzeCommand:
                             "rank-numbered files share, e.g. nccl_trace_rank_)")
 
     def run(self, args, parser) -> int:
-        from colltrace.analysis import culprits, desync
+        from colltrace.analysis import culprits, desync, stragglers
         from colltrace.reporters.text import render_verdict
 
         args.dir = postmortem.resolve(args.dir)
         snap, findings = analyzed(args.dir, args.prefix, args.stall_s)   # InputError: exit 2
         samekind.annotate(findings)   # reads the user's source files: after the (pure) analysis
         warnings = desync.of_snapshot(snap)
+        late = stragglers.find(snap)   # never a finding: the exit code is the findings' alone
         if args.json:
-            json.dump({"findings": findings, "culprits": culprits.explain(findings)["culprits"], "warnings": warnings},
-                      sys.stdout, indent=2, default=str)
+            json.dump({"findings": findings, "culprits": culprits.explain(findings)["culprits"], "warnings": warnings,
+                       "stragglers": late}, sys.stdout, indent=2, default=str)
             sys.stdout.write("\n")
         else:
-            sys.stdout.write(render_verdict(findings, warnings) + "\n")   # what report.txt holds
+            sys.stdout.write(render_verdict(findings, warnings, late) + "\n")   # what report.txt holds
         return EXIT_FOUND if findings else EXIT_OK   # warnings alone: the run is not wrong (yet)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from colltrace.analysis import desync
+from colltrace.analysis import desync, stragglers
 from colltrace.reporters import text as report
 from colltrace.tracefile import storage
 
@@ -49,7 +49,8 @@ class Outputs:
     def report(self, reported: list[dict], snap: dict | None = None) -> None:
         """report.txt: the verdict in the words `colltrace analyze` uses (culprits first)."""
         with open(os.path.join(self.dir, "report.txt"), "w") as f:
-            f.write(report.render_verdict(reported, desync.of_snapshot(snap) if snap else []) + "\n")
+            f.write(report.render_verdict(reported, desync.of_snapshot(snap) if snap else [],
+                                          _stragglers(snap)) + "\n")
 
     def json(self, name: str, obj, warn: bool = True) -> None:
         """Replaced whole (written aside, then renamed): a reader never sees half a file."""
@@ -72,3 +73,12 @@ class Outputs:
                 f.write(text)
         except OSError as exc:
             self._write_failed(exc)
+
+
+def _stragglers(snap: dict | None) -> list[dict]:
+    """report.txt's straggler paragraph: never a reason for the report not to be written."""
+    try:
+        return stragglers.find(snap) if snap else []
+    except Exception:   # a view of a live job this module did not expect: no paragraph
+        return []
+

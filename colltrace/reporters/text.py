@@ -993,10 +993,11 @@ def render_warnings(warnings: list[dict]) -> str:
     return "\n\n".join(lines)
 
 
-def render_verdict(findings: list[dict], warnings: list[dict] = ()) -> str:
+def render_verdict(findings: list[dict], warnings: list[dict] = (), stragglers: list[dict] = ()) -> str:
     """The whole verdict as `colltrace analyze` prints it and report.txt holds it: the culprits
     first; findings that are only work stuck behind them (NCCL queues a whole step behind one
-    stuck rank) are counted, not printed (--json lists every one); then any silent desyncs."""
+    stuck rank) are counted, not printed (--json lists every one); then any silent desyncs, then
+    the ranks that made the others wait (colltrace/analysis/stragglers.py)."""
     from colltrace.analysis import culprits
 
     verdict = culprits.explain(findings)
@@ -1012,5 +1013,20 @@ def render_verdict(findings: list[dict], warnings: list[dict] = ()) -> str:
                      f"on the other ranks (every member arrived; the work never completes): see --json.")
     if warnings:
         text += "\n\n" + render_warnings(warnings)
+    if stragglers:
+        text += "\n\n" + render_stragglers(stragglers)
     return text
+
+
+def render_stragglers(stragglers: list[dict]) -> str:
+    """One paragraph: who made the others wait, how often, how long, from where. Not a problem
+    found: the job ran; it only ran slower."""
+    parts = []
+    for s in stragglers:
+        where = ", ".join(f"{frame_text(w)} ({round(100 * w['share'])} %)" for w in s.get("where") or ())
+        parts.append(f"rank {s['rank']} arrived last at {s['collectives']} of {s['of']} collectives, "
+                     f"{1000 * s['lag_s']:.0f} ms after the first on average, making the others wait "
+                     f"{s['waited_for_s']:.1f} s in all ({round(100 * s['late_share'])} % of the time they span)"
+                     + (f"; it called them from {where}" if where else ""))
+    return "Stragglers (the job ran, slower): " + "; ".join(parts) + "."
 

@@ -1,0 +1,40 @@
+"""Who made everyone wait, on real ranks: 4 gloo ranks, 150 all_reduces, a 40 ms sleep in the data
+loading of one rank (or of every rank), then `colltrace analyze --json` on the folder."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def analyze(directory):
+    out = subprocess.run([sys.executable, "-m", "colltrace.cli", "analyze", directory, "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr   # a straggler is never a finding
+    return json.loads(out.stdout)
+
+
+def test_the_rank_whose_loading_is_slow_is_named_with_the_line_it_joined_from(gloo_job):
+    job = gloo_job("late_loader.py", 4, env={"LATE_RANK": "2"})
+    assert job.wait(120) == [0, 0, 0, 0], job.stderr(0)
+    doc = analyze(job.dir)
+    assert doc["findings"] == []
+    [s] = doc["stragglers"]
+    assert s["rank"] == 2
+    assert s["collectives"] >= 0.9 * s["of"] and s["of"] >= 140
+    assert 0.03 <= s["lag_s"] <= 0.2 and s["late_share"] >= 0.25
+    assert s["waited_for_s"] >= 3 * 0.03 * s["collectives"]
+    top = s["where"][0]
+    assert os.path.basename(top["file"]) == "late_loader.py" and top["func"] == "<module>" and top["share"] > 0.9
+
+
+def test_the_same_sleep_on_every_rank_names_nobody(gloo_job):
+    job = gloo_job("late_loader.py", 4, env={"LATE_RANK": "all"})
+    assert job.wait(120) == [0, 0, 0, 0], job.stderr(0)
+    doc = analyze(job.dir)
+    assert doc["findings"] == [] and doc["stragglers"] == []
