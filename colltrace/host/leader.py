@@ -115,7 +115,13 @@ class Exchange:
             self._root_address = found[0] or self._root_address
             found = found[1]
         if found is not None:
-            self.link = storelink.StoreLink(*found)
+            try:
+                self.link = storelink.StoreLink(*found)
+            except storelink.StoreError:
+                if not (parent and self._root_address):
+                    raise
+                # its parent's host is gone (its announcement outlives it): straight to the root
+                self.link = storelink.StoreLink(*self._root_address)
             return
         now = time.time()
         self._leader_wait_since = self._leader_wait_since or now
@@ -180,7 +186,7 @@ class Exchange:
             return False
         if self.tree_parent is not None and self._root_address is not None:
             try:
-                self.link, self._root_address = storelink.StoreLink(*self._root_address, timeout_s=2.0), None
+                self.link = storelink.StoreLink(*self._root_address)
                 return True
             except storelink.StoreError:
                 return False

@@ -23,6 +23,7 @@ PREFIX + "leader", its address. A reader given the job's store follows that key.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -108,21 +109,25 @@ def quiet_c10d() -> None:
 
 
 _CONNECTING = threading.Lock()
+# Set by a process that simulates many hosts (colltrace/testing/simhosts.py): its connects go one
+# at a time (overlapping c10d connects of one process stall each other: 32 at once on torch 2.13,
+# most time out) and one that timed out is tried again at once.
+MANY_HOSTS_IN_ONE_PROCESS = False
 
 
-def connect(host: str, port: int, timeout_s: float, attempts: int = 3):
-    """A c10d TCPStore client of HOST:PORT. c10d's client looks up its peer's name on every
-    connect; where the resolver drops a query, that connect hangs for the resolver's timeout (5 s)
-    and, within a `timeout_s` as short, fails: a timed-out connect is tried again, up to
-    `attempts` times. One connect at a time in a process: overlapping ones stall each other (32 at
-    once on torch 2.13: most time out). A real host's watchdog makes one or two; a process that
-    simulates many hosts (benchmarks/scale_live.py) makes many."""
+def connect(host: str, port: int, timeout_s: float):
+    """A c10d TCPStore client of HOST:PORT. A host's watchdog tries once: a store that cannot be
+    reached costs one line after `timeout_s` (and another try STORE_RETRY_S later). c10d's client
+    looks up its peer's name on every connect; where the resolver drops a query, that connect
+    waits the resolver's timeout (5 s) and fails within a `timeout_s` as short."""
     quiet_c10d()
+    many = MANY_HOSTS_IN_ONE_PROCESS
+    attempts = 3 if many else 1
     for attempt in range(attempts):
         try:
             from torch.distributed import TCPStore   # no torch (a laptop reading a copied folder): one line
 
-            with _CONNECTING:
+            with _CONNECTING if many else contextlib.nullcontext():
                 return TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s),
                                 wait_for_workers=False)
         except Exception as exc:  # RuntimeError/DistStoreError from c10d, OSError

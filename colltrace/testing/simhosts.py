@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 
 from colltrace import config
+from colltrace.host import storelink
 from colltrace.host.leader import Exchange
 from colltrace.host.watchdog import Watchdog
 
@@ -109,6 +110,7 @@ class SimNode:
 
 def host_watchdog(job: Job, index: int, store_address, directory: str, stream, fan: int) -> Watchdog:
     """The real watchdog of host `index`, its trace folder replaced by the synthetic job."""
+    storelink.MANY_HOSTS_IN_ONE_PROCESS = True   # hundreds of hosts' connects in one process
     settings = config.load({"COLLTRACE_ON_HANG": "warn"})
     wd = Watchdog(directory, "sim", f"node{index}", settings, stream=stream, store_address=store_address)
     wd.node = wd.on_hang.node = SimNode(job, index)
