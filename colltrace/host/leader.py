@@ -134,22 +134,13 @@ class Exchange:
         """The job is over: tell the other hosts, then take the one key out of the job's store."""
         serving, self.serving = self.serving, None
         if serving is not None:
-            if self.took_over and self.below is not None:
-                try:
-                    self.below.report_end()
-                    time.sleep(LEADER_LINGER_S)
-                except storelink.StoreError:
-                    pass
+            if self.took_over:
+                _say_ended(self.below)
             serving.withdraw()
         mp, self.meeting = self.meeting, None
         if mp is None:
             return
-        if self.link is not None:
-            try:
-                self.link.report_end()
-                time.sleep(LEADER_LINGER_S)
-            except storelink.StoreError:
-                pass
+        _say_ended(self.link)
         mp.withdraw()
 
     def down(self, exc: Exception) -> None:
@@ -243,7 +234,7 @@ class Exchange:
                 self.below.set_control(want_raw, hang, ended)
             if want_raw is not None and want_raw != self._want_raw:
                 self._want_raw, self._fresh_want = want_raw, True
-                self._want = link.want()
+                self._want = tree.want_from(want_raw)   # control() read it already
             if hang:
                 on_hang(hang.decode(errors="replace"))
             if ended:
@@ -266,12 +257,12 @@ class Exchange:
         if not self.has_children or self.serving is None:
             return
         if self.topo.index not in self._siblings:
-            link._set(f"{storelink.PREFIX}agg/{self.topo.index}",
+            link._set(meeting.parent_key(self.topo.index),
                       f"{self.serving.address[0]}:{self.serving.address[1]}".encode())
             self._siblings[self.topo.index] = self.serving.address
         for k in range(2, self.topo.index):
             if k not in self._siblings:
-                raw = link._get(f"{storelink.PREFIX}agg/{k}")
+                raw = link._get(meeting.parent_key(k))
                 if raw is not None:
                     self._siblings[k] = storelink.parse_address(raw.decode(errors="replace"))
 
@@ -323,3 +314,15 @@ class Exchange:
                 top.report_hang(why)
             except storelink.StoreError as exc:
                 self.down(exc)
+
+
+def _say_ended(link: storelink.StoreLink | None) -> None:
+    """The leader's "ended", left for LEADER_LINGER_S on its server so the others read it first."""
+    if link is None:
+        return
+    try:
+        link.report_end()
+        time.sleep(LEADER_LINGER_S)
+    except storelink.StoreError:
+        pass
+

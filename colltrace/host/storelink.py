@@ -183,13 +183,9 @@ class StoreLink:
 
     def want(self) -> dict:
         """What the leader wants of every host (host/tree.py's want_of; nothing said: all in full)."""
-        from colltrace.host.tree import want_of
+        from colltrace.host.tree import want_from
 
-        raw = self._get(PREFIX + "want")
-        try:
-            return want_of(json.loads(raw) if raw is not None else None)
-        except (ValueError, TypeError):
-            return want_of(None)
+        return want_from(self._get(PREFIX + "want"))
 
     def control(self) -> tuple[bytes | None, bytes | None, bool]:
         """(want, hang, ended) as this store holds them: a host with children copies its parent's down."""
@@ -231,9 +227,6 @@ class StoreLink:
             s["groups"] = self._groups_of(key, s.get("groups_crc"), s.get("groups"))
             have = self._decoded[key] = (raw, s)
         return _with_beat(have[1], None)
-
-    def leader_ended(self) -> bool:
-        return self._get(PREFIX + "ended") is not None
 
     # -- leader side ----------------------------------------------------------------------
     def node_summaries(self, skip: int | None = None) -> list[dict]:
@@ -288,10 +281,7 @@ class StoreLink:
         return have[1]
 
     def set_wanted_stacks(self, ranks, groups=(), every: bool = True) -> None:
-        self.set_want_raw(json.dumps({"stacks": sorted(ranks), "groups": sorted(groups), "all": every}).encode())
-
-    def set_want_raw(self, raw: bytes) -> None:
-        self._set(PREFIX + "want", raw)
+        self._set(PREFIX + "want", json.dumps({"stacks": sorted(ranks), "groups": sorted(groups), "all": every}).encode())
 
     def publish_findings(self, findings: list[dict]) -> None:
         self._set(PREFIX + "findings", encode(findings))

@@ -20,6 +20,7 @@ that died), and for ranks that are not alive. The root judges only the ranks it 
 """
 from __future__ import annotations
 
+import json
 import os
 
 from colltrace.model.schema import ALIVE, PENDING, UNKNOWN
@@ -88,6 +89,14 @@ def want_of(raw) -> dict:
     stacks = {int(r) for r in raw.get("stacks") or [] if isinstance(r, int) or str(r).isdigit()}
     groups = {str(g) for g in raw.get("groups") or []}
     return {"stacks": stacks, "groups": groups, "all": bool(raw.get("all", True))}
+
+
+def want_from(raw: bytes | None) -> dict:
+    """want_of the key's stored bytes (absent or unreadable: everything in full)."""
+    try:
+        return want_of(json.loads(raw) if raw is not None else None)
+    except (ValueError, TypeError):
+        return want_of(None)
 
 
 def vital(entry: dict) -> dict:
