@@ -18,12 +18,13 @@ Keys (all under PREFIX):
   hang             set by the leader when it finds a hang: every node then acts on
                    COLLTRACE_ON_HANG (dump its ranks' stacks; abort: end them too)
   ended            set by the leader just before its server goes away with the job
+  control          a counter bumped after each write of want, hang or ended (read with add(0):
+                   one request a round tells a host whether to read them again)
 These live in the leader's own store (colltrace/host/meeting.py); the job's store holds only
 PREFIX + "leader", its address. A reader given the job's store follows that key.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import threading
@@ -35,6 +36,7 @@ from colltrace.errors import ColltraceError
 
 PREFIX = "colltrace/v1/"
 PUBLISH_S = 0.25
+CONTROL = PREFIX + "control"   # counts the writes of want, hang and ended: their readers' one request a round
 
 
 class StoreError(ColltraceError):
@@ -109,10 +111,13 @@ def quiet_c10d() -> None:
 
 
 _CONNECTING = threading.Lock()
-# Set by a process that simulates many hosts (colltrace/testing/simhosts.py): its connects go one
-# at a time (overlapping c10d connects of one process stall each other: 32 at once on torch 2.13,
-# most time out) and one that timed out is tried again at once.
+# Set by a process that simulates many hosts (colltrace/testing/simhosts.py): its hosts share one
+# client per server (c10d's client serializes its own requests), as real hosts share nothing but
+# need no more than one each; a new connect goes one at a time (overlapping c10d connects of one
+# process stall each other: 32 at once on torch 2.13, most time out) and one that timed out is
+# tried again at once.
 MANY_HOSTS_IN_ONE_PROCESS = False
+_SHARED: dict[tuple[str, int], object] = {}
 
 
 def connect(host: str, port: int, timeout_s: float):
@@ -122,14 +127,31 @@ def connect(host: str, port: int, timeout_s: float):
     waits the resolver's timeout (5 s) and fails within a `timeout_s` as short."""
     quiet_c10d()
     many = MANY_HOSTS_IN_ONE_PROCESS
-    attempts = 3 if many else 1
+    if many:
+        return _shared(host, port, timeout_s)
+    return _connect(host, port, timeout_s, attempts=1)
+
+
+def _shared(host: str, port: int, timeout_s: float):
+    with _CONNECTING:
+        client = _SHARED.get((host, port))
+        if client is not None:
+            try:
+                client.check([PREFIX + "nodes"])   # its server may have gone (a host that died)
+                return client
+            except Exception:
+                del _SHARED[(host, port)]
+        client = _SHARED[(host, port)] = _connect(host, port, timeout_s, attempts=3)
+        return client
+
+
+def _connect(host: str, port: int, timeout_s: float, attempts: int):
     for attempt in range(attempts):
         try:
             from torch.distributed import TCPStore   # no torch (a laptop reading a copied folder): one line
 
-            with _CONNECTING if many else contextlib.nullcontext():
-                return TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s),
-                                wait_for_workers=False)
+            return TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s),
+                            wait_for_workers=False)
         except Exception as exc:  # RuntimeError/DistStoreError from c10d, OSError
             if attempt + 1 < attempts and "timed out" in str(exc):
                 continue
@@ -156,6 +178,7 @@ class StoreLink:
         self._groups_crc = None              # what this node last wrote, write side
         self._data = None
         self._decoded: dict[str, tuple] = {}  # node key -> (bytes, summary): decoded once
+        self._control_seen: tuple = (-1, (None, None, False))   # (CONTROL count, control()) last read
 
     # -- node side ----------------------------------------------------------------------
     def publish_node(self, summary: dict) -> None:
@@ -188,15 +211,20 @@ class StoreLink:
         return want_from(self._get(PREFIX + "want"))
 
     def control(self) -> tuple[bytes | None, bytes | None, bool]:
-        """(want, hang, ended) as this store holds them: a host with children copies its parent's down."""
+        """(want, hang, ended) as this store holds them: a host with children copies its parent's down.
+        One request a round while nothing changed (the CONTROL counter), so that a parent's server
+        answers each child once a round, not six times."""
         try:
-            keys = [PREFIX + "want", PREFIX + "hang", PREFIX + "ended"]
-            have = [self._store.check([k]) for k in keys]
-            got = [bytes(self._store.get(k)) if h else None for k, h in zip(keys, have)]
-            self.traffic += sum(len(g) for g in got if g)
+            version = int(self._store.add(CONTROL, 0))
+            if version != self._control_seen[0]:
+                keys = [PREFIX + "want", PREFIX + "hang", PREFIX + "ended"]
+                have = [self._store.check([k]) for k in keys]
+                got = [bytes(self._store.get(k)) if h else None for k, h in zip(keys, have)]
+                self.traffic += sum(len(g) for g in got if g)
+                self._control_seen = (version, (got[0], got[1], got[2] is not None))
         except Exception as exc:
             raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None
-        return got[0], got[1], got[2] is not None
+        return self._control_seen[1]
 
     def set_control(self, want: bytes | None, hang: bytes | None, ended: bool) -> None:
         """Write what changed of (want, hang, ended) here, for this store's readers."""
@@ -207,7 +235,10 @@ class StoreLink:
             self._set(PREFIX + "hang", hang)
         if ended and not have[2]:
             self._set(PREFIX + "ended", b"1")
-        self._control = (want or have[0], hang or have[1], ended or have[2])
+        new = (want or have[0], hang or have[1], ended or have[2])
+        if new != have:
+            self._changed()
+        self._control = new
 
     def hang_reported(self) -> str | None:
         raw = self._get(PREFIX + "hang")
@@ -282,6 +313,7 @@ class StoreLink:
 
     def set_wanted_stacks(self, ranks, groups=(), every: bool = True) -> None:
         self._set(PREFIX + "want", json.dumps({"stacks": sorted(ranks), "groups": sorted(groups), "all": every}).encode())
+        self._changed()
 
     def publish_findings(self, findings: list[dict]) -> None:
         self._set(PREFIX + "findings", encode(findings))
@@ -292,9 +324,18 @@ class StoreLink:
 
     def report_hang(self, why: str) -> None:
         self._set(PREFIX + "hang", why.encode())
+        self._changed()
 
     def report_end(self) -> None:
         self._set(PREFIX + "ended", b"1")
+        self._changed()
+
+    def _changed(self) -> None:
+        """After a control key's set, on the same connection: readers see the key, then the count."""
+        try:
+            self._store.add(CONTROL, 1)
+        except Exception as exc:
+            raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None
 
     # -- plumbing ---------------------------------------------------------------------------
     def _get(self, key: str) -> bytes | None:

@@ -89,6 +89,7 @@ class SimNode:
         self.died_at: dict = {}
         self.first_seen = time.time()
         self._groups = job.groups(index)
+        self._entries: tuple | None = None   # ((step, hung), entries) of the job's current step
 
     def poll(self) -> list[int]:
         return []
@@ -98,8 +99,15 @@ class SimNode:
 
     def summary(self) -> dict:
         now = time.time()
+        # The ranks' entries change with the job's step (or the hang), not each round: built once
+        # a step, so that a process simulating hundreds of hosts spends its time in the exchange.
+        hang = self.job.hang_at
+        t = min(now, hang) if hang is not None else now
+        key = (int((t - self.job.t0) / STEP_S), hang is not None and now >= hang)
+        if self._entries is None or self._entries[0] != key:
+            self._entries = (key, {str(r): self.job.entry(r, self.index, now) for r in self.traces})
         return {"host": self.host, "t": now, "groups": self._groups,
-                "ranks": {str(r): self.job.entry(r, self.index, now) for r in self.traces}}
+                "ranks": {r: dict(e, heartbeat=now) for r, e in self._entries[1].items()}}
 
     def sample(self, ranks) -> None:
         pass
