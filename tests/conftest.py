@@ -64,10 +64,11 @@ class Job:
             try:
                 out, err = p.communicate(timeout=max(0.1, deadline - time.time()))
             except subprocess.TimeoutExpired:
+                stacks = stacks_of([q.pid for q in self.procs])   # before the kill: where each one hung
                 self.kill()
                 out, err = p.communicate()
                 self.outputs[rank] = (out, err)
-                raise AssertionError(f"rank {rank} still running after {timeout} s; stderr:\n{err[-3000:]}")
+                raise AssertionError(f"rank {rank} still running after {timeout} s; stderr:\n{err[-3000:]}\n{stacks}")
             self.outputs[rank] = (out, err)
             codes.append(p.returncode)
         for rank, code in enumerate(codes):
@@ -174,9 +175,10 @@ class TorchrunJob:
         try:
             self.out, self.err = self.proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            stacks = stacks_of([self.proc.pid])
             _kill_tree(self.proc.pid)
             self.out, self.err = self.proc.communicate()
-            raise AssertionError(f"torchrun still running after {timeout} s; stderr:\n{self.err[-4000:]}")
+            raise AssertionError(f"torchrun still running after {timeout} s; stderr:\n{self.err[-4000:]}\n{stacks}")
         # torchrun's failure table names the rank that died first ("rank : 1 ... exitcode : -6")
         for m in re.finditer(r"rank\s*:\s*(\d+)[^\n]*\n[^\n]*exitcode\s*:\s*(-?\d+)", self.err):
             _exit_abort(int(m.group(1)), int(m.group(2)), self.err, f" of a {'traced' if self.traced else 'plain'} job")
@@ -186,6 +188,30 @@ class TorchrunJob:
         from helpers.jobs import findings
 
         return findings(self.dir)
+
+
+def stacks_of(pids, limit: int = 6000) -> str:
+    """Every Python thread's stack in these processes and their children (py-spy dump), for the
+    message of a test that kills them as hung: where each one was, not only that it hung. A
+    process py-spy cannot read (ptrace refused) says so in one line."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            top = psutil.Process(pid)
+            procs += [top] + top.children(recursive=True)
+        except psutil.Error:
+            continue
+    out = []
+    for p in procs:
+        try:
+            r = subprocess.run(["py-spy", "dump", "--pid", str(p.pid)], capture_output=True, text=True, timeout=10)
+            text = (r.stdout or r.stderr).strip()
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            text = f"(no stack: {exc})"
+        out.append(f"--- pid {p.pid}: {text[-1500:]}")
+    return ("stacks before the kill:\n" + "\n".join(out))[:limit] if out else ""
 
 
 def _kill_tree(pid: int) -> None:

@@ -21,21 +21,24 @@ def dead_port() -> int:
         return s.getsockname()[1]
 
 
-def run(gloo_job, tmp_path, kind: str, traced: bool, env: dict):
+def run(gloo_job, tmp_path, kind: str, env: dict):
+    """The job untraced and traced, side by side (each mostly sleeps between its steps): (plain, traced)."""
     from torch.distributed import TCPStore
 
-    own = None
-    if kind == "tcp":   # the test hosts the job's own store, on a port of its own
-        own = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        where = str(own.port)
-    else:
-        where = str(tmp_path / f"filestore-{traced}")
-    # No WORLD_SIZE/LOCAL_WORLD_SIZE: MultiProcessTestCase passes them to init_process_group only.
-    job = gloo_job("own_store.py", 2, args=[kind, where, 2], traced=traced,
-                   env={"WORLD_SIZE": "", "LOCAL_WORLD_SIZE": "", **env})
-    assert job.wait(120) == [0, 0]
+    jobs, own = [], []
+    for traced in (False, True):
+        if kind == "tcp":   # the test hosts the job's own store, on a port of its own
+            own.append(TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False))
+            where = str(own[-1].port)
+        else:
+            where = str(tmp_path / f"filestore-{traced}")
+        # No WORLD_SIZE/LOCAL_WORLD_SIZE: MultiProcessTestCase passes them to init_process_group only.
+        jobs.append(gloo_job("own_store.py", 2, args=[kind, where, 2], traced=traced,
+                             env={"WORLD_SIZE": "", "LOCAL_WORLD_SIZE": "", **env}))
+    for job in jobs:
+        assert job.wait(120) == [0, 0]
     del own
-    return job
+    return jobs[0], jobs[1]
 
 
 def extra_lines(traced, plain) -> list[str]:
@@ -53,8 +56,7 @@ def extra_lines(traced, plain) -> list[str]:
 @pytest.mark.parametrize("kind", ["tcp", "file"])
 def test_a_stale_master_port_changes_nothing_for_a_job_with_its_own_store(gloo_job, tmp_path, kind):
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(dead_port())}
-    plain = run(gloo_job, tmp_path, kind, False, env)
-    job = run(gloo_job, tmp_path, kind, True, env)
+    plain, job = run(gloo_job, tmp_path, kind, env)
     assert [job.stdout(r) for r in range(2)] == [plain.stdout(r) for r in range(2)]
     assert all(job.stdout(r).count("RESULT") == 1 for r in range(2))
     assert extra_lines(job, plain) == []   # not even a warning: the store it met is the job's own
@@ -65,8 +67,7 @@ def test_a_stale_master_port_changes_nothing_for_a_job_with_its_own_store(gloo_j
 @pytest.mark.parametrize("steps", ["10", "75"])
 def test_a_store_asked_for_that_cannot_be_reached_costs_one_line_and_no_c10d_text(gloo_job, tmp_path, steps):
     env = {"COLLTRACE_STORE": f"127.0.0.1:{dead_port()}", "STEPS": steps}
-    plain = run(gloo_job, tmp_path, "file", False, env)
-    job = run(gloo_job, tmp_path, "file", True, env)
+    plain, job = run(gloo_job, tmp_path, "file", env)
     assert [job.stdout(r) for r in range(2)] == [plain.stdout(r) for r in range(2)]
     extra = extra_lines(job, plain)
     assert len(extra) <= 1 and all(l.startswith("colltrace: warning:") for l in extra), extra
@@ -81,12 +82,15 @@ def test_a_pytorch_test_session_with_an_earlier_tests_master_port_prints_what_it
                                                                     "LOCAL_WORLD_SIZE"))}
     base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(dead_port()), OMP_NUM_THREADS="1")
 
-    def session(traced: bool) -> list[str]:
+    def start(traced: bool):
         d = str(tmp_path / f"trace-{traced}")
         env = dict(base, COLLTRACE="1", COLLTRACE_DIR=d) if traced else base
         proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
-                                 os.path.join(JOBS, "mptc_stale_env.py")], cwd=tmp_path, env=env,
+                                 os.path.join(JOBS, "mptc_stale_env.py")], cwd=tmp_path / str(traced), env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        return proc, d
+
+    def session(proc, d) -> list[str]:
         try:
             out, _ = proc.communicate(timeout=240)
         finally:
@@ -95,6 +99,9 @@ def test_a_pytorch_test_session_with_an_earlier_tests_master_port_prints_what_it
         # Times, pids and ports differ between two runs; the ranks' lines interleave as they come.
         return sorted(re.sub(r"\d+(\.\d+)?", "N", line).replace(" (N:N:N)", "") for line in out.splitlines())
 
-    plain, traced = session(False), session(True)
+    for traced in (False, True):
+        (tmp_path / str(traced)).mkdir()
+    runs = [start(False), start(True)]   # side by side: two sessions, each its own FileStores
+    plain, traced = session(*runs[0]), session(*runs[1])
     assert "N passed in Ns" in " ".join(plain)
     assert traced == plain

@@ -49,7 +49,11 @@ def test_an_unreachable_store_costs_one_warning_and_the_host_is_still_watched(gl
     from colltrace import config
     from colltrace.host import leader, watchdog
 
-    # The watchdog alone: c10d gives up connecting after about 7 s; retried, it says so once.
+    # The watchdog alone: c10d gives up connecting after its timeout (5 s; 1 s here); retried, it says so once.
+    from colltrace.host import meeting, storelink
+
+    connect = storelink.connect
+    monkeypatch.setattr(meeting, "_client", lambda host, port, timeout_s: connect(host, port, 1.0))
     monkeypatch.setattr(leader, "STORE_RETRY_S", 0.1)
     stream, stop = io.StringIO(), threading.Event()
     wd = watchdog.Watchdog(str(tmp_path), None, None, config.load({}), stream=stream, store_address=("127.0.0.1", 1))
@@ -102,11 +106,14 @@ def test_the_jobs_store_is_left_as_untraced_and_nothing_is_said(gloo_job, tmp_pa
     nothing of colltrace's appears in the ranks' output (no "Broken pipe" at exit)."""
     import psutil
 
-    def run(traced):
+    def start(traced):
         dirs = {h: str(tmp_path / f"{traced}-{h}") for h in "ab"}
         job = gloo_job("scenarios.py", 4, args=["slow_ok"], traced=traced, env={"SLOW_S": "5"},
                        rank_env=lambda r: {"COLLTRACE_HOST": "ab"[r // 2], "COLLTRACE_DIR": dirs["ab"[r // 2]],
                                            "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": str(r % 2)})
+        return job, dirs
+
+    def run(job, dirs):
         assert job.wait(120) == [0, 0, 0, 0]
         deadline = time.time() + 30   # the watchdogs end after their ranks: wait for them
         while time.time() < deadline and any("colltrace.host" in (p.info["cmdline"] or [])
@@ -116,7 +123,8 @@ def test_the_jobs_store_is_left_as_untraced_and_nothing_is_said(gloo_job, tmp_pa
         out = [job.stdout(r) + job.stderr(r) for r in range(4)]
         return job.store.num_keys(), sorted(job.store.list_keys()), out
 
-    untraced, traced = run(False), run(True)
+    jobs = [start(False), start(True)]   # side by side: each has its own store
+    untraced, traced = run(*jobs[0]), run(*jobs[1])
     assert traced[:2] == untraced[:2]
     lines = [l for text in traced[2] for l in text.splitlines() if "colltrace" in l.lower() or "pipe" in l.lower()]
     assert lines == []

@@ -132,6 +132,25 @@ def test_a_healthy_two_host_job_says_nothing(two_hosts, tmp_path):
     assert [l for l in text.splitlines() if "colltrace" in l.lower() or "broken pipe" in l.lower()] == []
 
 
+def _met_the_leader(directory: str) -> bool:
+    """Host b's watchdog holds a connection to a server other than the job's store: the leader's.
+    Read from /proc/PID/net (the process's own network namespace; psutil reads this one's)."""
+    import psutil
+
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info.get("cmdline") or []
+        if "colltrace.host" in cmd and directory in cmd:
+            try:
+                mine = {os.readlink(f"/proc/{p.pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{p.pid}/fd")
+                        if os.readlink(f"/proc/{p.pid}/fd/{fd}").startswith("socket:[")}
+                rows = [line.split() for t in ("tcp", "tcp6") for line in open(f"/proc/{p.pid}/net/{t}").readlines()[1:]]
+            except OSError:
+                return False
+            # columns: sl, local, remote (HEX_ADDR:HEX_PORT), state (01: established), ..., inode (10th)
+            return any(r[3] == "01" and r[9] in mine and int(r[2].rsplit(":", 1)[1], 16) != 29517 for r in rows)
+    return False
+
+
 def test_when_the_leaders_host_dies_another_host_reports(two_hosts, tmp_path):
     """Host a (the leader, and the job's store) vanishes while host b's ranks wait in a barrier
     for it: host b's job ends within seconds and its watchdog names what vanished, once."""
@@ -139,9 +158,10 @@ def test_when_the_leaders_host_dies_another_host_reports(two_hosts, tmp_path):
     env = {"SLOW_S": "600", "COLLTRACE_ON_HANG": "abort", "COLLTRACE_STALL_S": "300"}
     procs = {h: _torchrun(two_hosts, h, i, dirs[h], "slow_ok", env) for i, h in enumerate("ab")}
     deadline = time.time() + 90
-    while time.time() < deadline and not os.path.exists(os.path.join(dirs["b"], "snapshot.json")):
+    while time.time() < deadline and not _met_the_leader(dirs["b"]):
         time.sleep(0.2)
-    time.sleep(4)   # host b's watchdog has met the leader and copied its summary
+    assert time.time() < deadline, "host b's watchdog never connected to the leader's server"
+    time.sleep(2)   # it copies the leader's summary on its first round with the link (every LEADER_COPY_S)
     for pid in subprocess.run(["ip", "netns", "pids", two_hosts["a"][0]], capture_output=True, text=True,
                               timeout=20).stdout.split():
         try:
