@@ -35,6 +35,8 @@ class Settings:
     pure: bool = False               # COLLTRACE_PURE=1: the Python wrappers only, not the compiled hot path
     hooks: bool = True               # COLLTRACE_HOOKS=0: on torch >= 2.14, no c10d hooks (the wrappers only, as on 2.13)
     hooks_compiled: bool = True      # COLLTRACE_HOOKS=python: the hooks registered from Python even where build-hooks built C++ ones
+    straggler_share: float = 0.1     # a rank that made the others wait this share of the window: one line (0: never)
+    straggler_window_s: float = 60.0
     warnings: tuple[str, ...] = ()
 
 
@@ -154,6 +156,8 @@ def load(env=None) -> Settings:
         pure=env.get("COLLTRACE_PURE", "").strip() not in ("", "0"),
         hooks=hooks not in ("0", "off"),
         hooks_compiled=hooks != "python",
+        straggler_share=_float(env, "COLLTRACE_STRAGGLER_SHARE", 0.1, 0.0, warnings),
+        straggler_window_s=_float(env, "COLLTRACE_STRAGGLER_WINDOW_S", 60.0, 1.0, warnings),
         warnings=tuple(warnings),
     )
 

@@ -18,7 +18,9 @@ needs a sample of its stack, which these records do not hold), with each frame's
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
+from dataclasses import dataclass
 
 from colltrace.origins import user_frames
 
@@ -26,21 +28,53 @@ NOISE_S = 0.002          # a last arrival this close to the first is nobody's de
 MIN_COLLECTIVES = 8      # late to at least this many before a rank is named
 LATE_SHARE = 0.05        # ... and the time it made the others wait is at least this share of the span
 MAX_WHERE = 5
+Z = 3.5
 
 
-def _last_share_needed(members: int) -> float:
-    """How often a rank must come last to stand out: well above chance (1/members)."""
-    return min(0.9, 1.0 / max(members, 1) + 0.4)
+def _last_share_needed(members: int, compared: int) -> float:
+    """How often a rank must come last to stand out: well above chance (p = 1/members): by 0.2 and
+    by Z standard deviations of how often chance puts it last in this many collectives (an even
+    job of 2 ranks and 20 collectives has a rank last 14 times now and then). Not near 1: a rank
+    late to one collective of each step (a teacher late to the scatter after its forward pass,
+    first to the gather before it) comes last to half of them."""
+    p = 1.0 / max(members, 1)
+    return min(0.9, p + max(0.2, Z * math.sqrt(p * (1 - p) / max(compared, 1))))
 
 
-def find(snap: dict) -> list[dict]:
-    """Stragglers of a snapshot (docs/design.md), most wait caused first; [] when nobody stands out.
-    Each: {"rank", "waited_for_s", "late_share", "collectives", "of", "lag_s", "where": [{"file",
-    "line", "func", "share"}]}: `waited_for_s` sums, over the collectives it came last to, its
-    lag behind each other member; `late_share` its lag behind the first arrival, summed, over the
-    time the compared collectives span; `collectives` how many it came last to, of `of` compared."""
+@dataclass(frozen=True)
+class Arrival:
+    """One collective that every member of its group recorded entering: when each did."""
+    group: str
+    seq: int
+    times: tuple[tuple[float, int], ...]   # (entered_at, rank), earliest first
+    frames: dict                           # rank -> its record's frames (its call site)
+
+    @property
+    def last(self) -> int:
+        return self.times[-1][1]
+
+    @property
+    def lag_s(self) -> float:
+        """The last member's lag behind the first."""
+        return self.times[-1][0] - self.times[0][0]
+
+    @property
+    def waited_s(self) -> float:
+        """The wait the last member caused: its lag behind each other member, summed."""
+        t_last = self.times[-1][0]
+        return sum(t_last - t for t, _ in self.times[:-1])
+
+    def lags(self) -> dict[int, float]:
+        """Each member's arrival lag behind the earliest member."""
+        first = self.times[0][0]
+        return {rank: t - first for t, rank in self.times}
+
+
+def arrivals(snap: dict) -> list[Arrival]:
+    """The collectives of a snapshot that every member recorded entering (point-to-point and
+    untraced ones left out), in no particular order."""
     groups = snap.get("groups") or {}
-    arrivals: dict[tuple[str, int], dict[int, tuple[float, list]]] = {}
+    seen: dict[tuple[str, int], dict[int, tuple[float, list]]] = {}
     for key, entry in (snap.get("ranks") or {}).items():
         if not isinstance(entry, dict):
             continue
@@ -52,30 +86,48 @@ def find(snap: dict) -> list[dict]:
             t, seq = r.get("entered_at"), r.get("seq")
             if type(t) not in (int, float) or type(seq) is not int:
                 continue
-            arrivals.setdefault((str(r.get("group")), seq), {})[rank] = (float(t), r.get("frames") or [])
+            seen.setdefault((str(r.get("group")), seq), {})[rank] = (float(t), r.get("frames") or [])
+    out = []
+    for (group, seq), got in seen.items():
+        members = [m for m in (groups.get(group) or {}).get("ranks") or () if type(m) is int]
+        if len(members) < 2 or len(got) != len(members) or set(got) != set(members):
+            continue
+        out.append(Arrival(group, seq, tuple(sorted((t, rank) for rank, (t, _) in got.items())),
+                           {rank: frames for rank, (_, frames) in got.items()}))
+    return out
+
+
+def find(snap: dict) -> list[dict]:
+    """Stragglers of a snapshot (docs/design.md), most wait caused first; [] when nobody stands out.
+    Each: {"rank", "waited_for_s", "late_share", "collectives", "of", "lag_s", "where": [{"file",
+    "line", "func", "share"}]}: `waited_for_s` sums, over the collectives it came last to, its
+    lag behind each other member; `late_share` its lag behind the first arrival, summed, over the
+    time the compared collectives span; `collectives` how many it came last to, of `of` compared."""
+    return judge(arrivals(snap))
+
+
+def judge(found: list[Arrival]) -> list[dict]:
+    """Stragglers among these collectives (find's result, from arrivals kept over a window)."""
     compared: Counter = Counter()
     late: dict[int, dict] = {}
     first_t, last_t = None, None
     size = {}
-    for (group, _), got in arrivals.items():
-        members = [m for m in (groups.get(group) or {}).get("ranks") or () if type(m) is int]
-        if len(members) < 2 or len(got) != len(members) or set(got) != set(members):
-            continue
-        times = sorted((t, rank) for rank, (t, _) in got.items())
+    for a in found:
+        times = a.times
         first_t = times[0][0] if first_t is None else min(first_t, times[0][0])
         last_t = times[-1][0] if last_t is None else max(last_t, times[-1][0])
-        for rank in got:
+        for _, rank in times:
             compared[rank] += 1
-            size[rank] = max(size.get(rank, 0), len(members))
-        t_last, who = times[-1]
-        lag = t_last - times[0][0]
+            size[rank] = max(size.get(rank, 0), len(times))
+        lag = a.lag_s
         if lag < NOISE_S:
             continue
+        who = a.last
         s = late.setdefault(who, {"n": 0, "waited": 0.0, "lag": 0.0, "where": Counter()})
         s["n"] += 1
         s["lag"] += lag
-        s["waited"] += sum(t_last - t for t, _ in times[:-1])
-        mine = user_frames(got[who][1])
+        s["waited"] += a.waited_s
+        mine = user_frames(a.frames.get(who) or [])
         if mine:
             f = mine[-1]
             s["where"][(str(f.get("file")), int(f.get("line") or 0), str(f.get("func")))] += 1
@@ -84,7 +136,7 @@ def find(snap: dict) -> list[dict]:
     for rank, s in late.items():
         of = compared[rank]
         share = s["lag"] / span if span > 0 else 0.0
-        if s["n"] < MIN_COLLECTIVES or s["n"] < _last_share_needed(size[rank]) * of or share < LATE_SHARE:
+        if s["n"] < MIN_COLLECTIVES or s["n"] < _last_share_needed(size[rank], of) * of or share < LATE_SHARE:
             continue
         total = sum(s["where"].values())
         where = [{"file": file, "line": line, "func": func, "share": round(n / total, 3)}

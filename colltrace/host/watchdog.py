@@ -19,11 +19,12 @@ from colltrace.analysis import analyze
 from colltrace.callsites import samekind
 from colltrace.host import probes
 from colltrace.host.actions import OnHang
+from colltrace.host.latecomers import Latecomers
 from colltrace.host.leader import Exchange
 from colltrace.host.nodeview import NodeView, process_gone
 from colltrace.host.outputs import Outputs
 from colltrace.model.build import merge, suspects
-from colltrace.reporters.text import activity_lines, summarize
+from colltrace.reporters.text import activity_lines, render_straggler_line, summarize
 
 CERTAIN_KINDS = ("deadlock", "mismatch", "dead_rank")   # what a stall can turn into
 SUPERSEDABLE = ("stall", "unmatched_p2p")
@@ -76,6 +77,7 @@ class Watchdog:
         self.outputs = Outputs(directory, self.stream)
         self.store = Exchange(self.node, store_address, self.stream)
         self.on_hang = OnHang(settings, self.node, self.outputs)
+        self.latecomers = Latecomers(settings.straggler_share, settings.straggler_window_s)
         self.reported: set[str] = set()
         self.findings: list[dict] = []      # every finding reported, in order
         self._states: dict[str, dict] = {}  # finding key -> its missing ranks' activity states, last said
@@ -140,6 +142,9 @@ class Watchdog:
         if self.aborted:   # after our own abort, ranks failing or vanishing are its doing, not findings
             self._publish(snap, list(self.findings), [], now)
             return []
+        if self.settings.straggler_share > 0:
+            for s in self.latecomers.update(snap, now):
+                self.outputs.say(render_straggler_line(s))
         judged = self.store.judgeable(snap)   # a large job: the ranks it asked for in full (host/tree.py)
         if judged is None:
             self._publish(snap, list(self.findings), [], now)

@@ -1030,3 +1030,14 @@ def render_stragglers(stragglers: list[dict]) -> str:
                      + (f"; it called them from {where}" if where else ""))
     return "Stragglers (the job ran, slower): " + "; ".join(parts) + "."
 
+
+
+def render_straggler_line(s: dict) -> str:
+    """The live line (host/latecomers.py): one rank has made the others wait a share of the job's
+    time over the last minute or so; said again only minutes later."""
+    where = (s.get("where") or [None])[0]
+    return (f"colltrace: straggler: rank {s['rank']} arrived last at {s['collectives']} of {s['of']} collectives "
+            f"in the last {s.get('window_s', 0):.0f} s, {1000 * s['lag_s']:.0f} ms after the first on average: "
+            f"the others waited for it {round(100 * s['late_share'])} % of the time"
+            + (f"; it called them from {frame_text(where)}" if where else "")
+            + " (not a hang: the job runs slower)")

@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 
+from colltrace.host.latecomers import Latecomers
 from colltrace_dashboard import views
 from colltrace_dashboard.metrics import Metrics
 from colltrace_dashboard.sources import SourceError
@@ -24,6 +25,7 @@ class Feed:
         self.source = source
         self.period_s = period_s
         self.metrics = Metrics()
+        self.late = Latecomers()   # the stragglers panel and metrics (the watchdog keeps its own for its line)
         self.stream = stream or sys.stderr
         self.view: dict | None = None       # the latest good view (kept while the source fails)
         self.reading = None
@@ -42,8 +44,9 @@ class Feed:
             if reading is self.reading and self.error is None:
                 self.updated_at = time.time()
                 return   # unchanged (a post-mortem folder): the view and metrics stand
-            view = views.build(reading, self.source)
-            self.metrics.update(reading)
+            self.late.update(reading.snap, reading.now)
+            view = views.build(reading, self.source, self.late)
+            self.metrics.update(reading, self.late.new)
         except SourceError as exc:
             error = str(exc)
         except Exception as exc:  # a bug or a malformed input must not take the dashboard down

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from colltrace.analysis.stragglers import NOISE_S
 from colltrace.model.schema import ALIVE, COMPLETED
 
 # The *_created series would double the output for no use here (this process serves nothing else).
 prometheus_client.disable_created_metrics()
 
 DURATION_BUCKETS = (1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 60.0, 600.0)
+LAG_BUCKETS = (1e-3, 5e-3, 0.02, 0.05, 0.1, 0.5, 2.0, 10.0)
 PENDING = ("waiting", "in_flight")
 
 
@@ -47,6 +49,11 @@ class Metrics:
         self.hang = Gauge("colltrace_hang_suspected", "1 while the current analysis holds a finding, else 0",
                           registry=r)
         self.source_up = Gauge("colltrace_source_up", "1 when the last read of the job's state succeeded", registry=r)
+        self.wait_caused = Counter("colltrace_wait_caused_seconds", "Time the other members of a collective waited "
+                                   "for this rank, which came last (its lag behind each of them, summed)", ["rank"],
+                                   registry=r)
+        self.arrival_lag = Histogram("colltrace_arrival_lag_seconds", "How long after the first member of a "
+                                     "collective this rank entered it", ["rank"], buckets=LAG_BUCKETS, registry=r)
         self.snapshot_time = Gauge("colltrace_snapshot_timestamp_seconds", "Unix time the shown state describes",
                                    registry=r)
         self._counted: dict[str, tuple] = {}     # rank -> (incarnation, ids counted, ids timed)
@@ -56,8 +63,14 @@ class Metrics:
     def text(self) -> bytes:
         return generate_latest(self.registry)
 
-    def update(self, reading) -> None:
+    def update(self, reading, arrivals=()) -> None:
+        """`arrivals`: the collectives every member entered that this reading added (each once)."""
         snap = reading.snap
+        for a in arrivals:
+            for rank, lag in a.lags().items():
+                self.arrival_lag.labels(str(rank)).observe(lag)
+            if a.lag_s >= NOISE_S:
+                self.wait_caused.labels(str(a.last)).inc(a.waited_s)
         in_flight = dict.fromkeys(self._groups, 0)
         seq: dict[str, list[int]] = {}
         for rank, entry in (snap.get("ranks") or {}).items():

@@ -1,6 +1,6 @@
 """The page's model, built from one Reading: findings as the CLI's paragraphs and stack classes,
-ranks as classes with rank ranges, each group's members by how far they got, and recent
-collectives per class of ranks.
+ranks as classes with rank ranges, each group's members by how far they got, recent
+collectives per class of ranks, and who makes everyone wait.
 
 Plain data, served as JSON at /api/view and rendered by the template and by the page's script.
 Its size grows with the number of distinct behaviours in the job, not with its number of ranks:
@@ -9,9 +9,10 @@ Its size grows with the number of distinct behaviours in the job, not with its n
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 from colltrace.reporters import text as report
-from colltrace.reporters.text import format_ranks, located, short_ranks
+from colltrace.reporters.text import format_ranks, frame_text, located, short_ranks
 from colltrace.model.schema import UNREADABLE, WAITING
 
 MAX_RANK_CLASSES = 40      # rows of the rank view; the rest are counted
@@ -20,6 +21,9 @@ MAX_TIMELINE_ROWS = 16
 TIMELINE_RECORDS = 12      # recent collectives per timeline row
 PENDING = ("waiting", "in_flight")
 GONE = ("dead", "exited")
+STRAGGLER_ROWS = 8         # ranks in the lag view
+STRAGGLER_LAGS = 120       # the latest collectives in it
+LAG_CLASSES_MS = (2, 10, 30, 100, 300)   # a lag cell's shade: class b0 (under 2 ms) to b5
 
 
 def _ranks_text(ranks: list[int]) -> str:
@@ -245,8 +249,26 @@ def timeline_view(snap: dict, now: float) -> dict:
     return {"rows": out, "more": {"rows": len(hidden), "ranks": sum(len(r["ranks"]) for r in hidden)} if hidden else None}
 
 
+def straggler_view(late) -> dict:
+    """Who makes everyone wait (host/latecomers.py's window): the table, and for each rank named
+    (or, with nobody named, the ranks most often last) its arrival lag per collective, oldest first."""
+    if late is None:
+        return {"rows": [], "lags": [], "window_s": None}
+    rows = [{"rank": s["rank"], "collectives": s["collectives"], "of": s["of"], "lag_ms": round(1000 * s["lag_s"], 1),
+             "waited_s": s["waited_for_s"], "share": round(100 * s["late_share"]),
+             "where": frame_text(s["where"][0]) if s.get("where") else None} for s in late.current]
+    arrivals = sorted(late.arrivals(), key=lambda a: a.times[0][0])[-STRAGGLER_LAGS:]
+    last = Counter(a.last for a in arrivals if a.lag_s > 0)
+    shown = [r["rank"] for r in rows] or [r for r, _ in last.most_common(STRAGGLER_ROWS)]
+    lags = []
+    for r in shown[:STRAGGLER_ROWS]:
+        ms = [1000 * a.lags()[r] for a in arrivals if r in a.lags()]
+        lags.append({"rank": r, "cells": [[round(x, 1), sum(x >= b for b in LAG_CLASSES_MS)] for x in ms]})
+    return {"rows": rows, "lags": lags, "window_s": late.window_s}
+
+
 # -- the page -----------------------------------------------------------------------------------------
-def build(reading, source) -> dict:
+def build(reading, source, late=None) -> dict:
     snap, now = reading.snap, reading.now
     findings = [finding_view(f) for f in reading.findings]
     current = {f.get("key") for f in reading.findings}
@@ -265,4 +287,5 @@ def build(reading, source) -> dict:
         "verdict": {"problems": n, "headline": headline},
         "findings": findings, "earlier": earlier,
         "ranks": ranks, "groups": group_view(snap), "timeline": timeline_view(snap, now),
+        "stragglers": straggler_view(late),
     }

@@ -9,6 +9,7 @@ runs a forward pass and scatters its logits back; the student trains on a distil
 Metrics are averaged with all_reduce, checkpoints go through torch.distributed.checkpoint, a
 probe folder is made behind a barrier, and a preemption signal (SIGUSR2) triggers a save.
 `--bug NAME` turns on one of that job's mistakes (see bugs.py and README.md); default: none.
+`--straggler teacher` slows the teacher's forward pass (a throttled GPU): the job runs, slower.
 """
 from __future__ import annotations
 
@@ -55,6 +56,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--setup-s", type=float, default=0.0,
                    help="the training ranks compute this many seconds building their model first, as a large "
                         "model's set-up does (the teacher is ready at once); default: 0")
+    p.add_argument("--straggler", choices=("teacher",), default=None,
+                   help="the teacher rank is slow: each batch's forward pass takes --straggler-ms longer, as on "
+                        "a throttled GPU (not a hang: colltrace names it as a straggler, with its line)")
+    p.add_argument("--straggler-ms", type=float, default=40.0)
     args = p.parse_args(argv)
     for name in args.bug:
         bugs.enable(name)
@@ -103,9 +108,17 @@ def serve_teacher(args, ipc: InterProcessComm) -> None:
         batches = ipc.gather_batch_to_teacher(torch.zeros(shape, dtype=torch.long))  # line: teacher_gather
         if all(bool((b == STOP).all()) for b in batches):
             break
-        ipc.scatter_logits_from_teacher(out, [teacher(b) for b in batches])
+        ipc.scatter_logits_from_teacher(out, teacher_forward(teacher, batches, args))
         served += 1
     logger.info("teacher served %d steps", served)
+
+
+def teacher_forward(teacher, batches: list, args) -> list:
+    """The teacher's logits for every training rank's batch; with --straggler teacher, slower."""
+    logits = [teacher(b) for b in batches]
+    if args.straggler == "teacher":
+        time.sleep(args.straggler_ms / 1000 * len(batches))  # line: teacher_slow
+    return logits
 
 
 def wrap(model: torch.nn.Module, args, ipc: InterProcessComm) -> torch.nn.Module:

@@ -1,5 +1,6 @@
 """Who made everyone wait, on real ranks: 4 gloo ranks, 150 all_reduces, a 40 ms sleep in the data
-loading of one rank (or of every rank), then `colltrace analyze --json` on the folder."""
+loading of one rank (or of every rank): the watchdog's live line, then `colltrace analyze --json` on
+the folder."""
 from __future__ import annotations
 
 import json
@@ -20,8 +21,12 @@ def analyze(directory):
 
 
 def test_the_rank_whose_loading_is_slow_is_named_with_the_line_it_joined_from(gloo_job):
-    job = gloo_job("late_loader.py", 4, env={"LATE_RANK": "2"})
+    # a window of 2 s: the live line is due once a second of collectives has been judged
+    job = gloo_job("late_loader.py", 4, env={"LATE_RANK": "2", "COLLTRACE_STRAGGLER_WINDOW_S": "2"})
     assert job.wait(120) == [0, 0, 0, 0], job.stderr(0)
+    live = [line for r in range(4) for line in job.stderr(r).splitlines() if "straggler" in line]
+    assert len(live) == 1 and live[0].startswith("colltrace: straggler: rank 2 arrived last at "), live
+    assert "not a hang" in live[0] and "late_loader.py:" in live[0]
     doc = analyze(job.dir)
     assert doc["findings"] == []
     [s] = doc["stragglers"]
@@ -34,7 +39,8 @@ def test_the_rank_whose_loading_is_slow_is_named_with_the_line_it_joined_from(gl
 
 
 def test_the_same_sleep_on_every_rank_names_nobody(gloo_job):
-    job = gloo_job("late_loader.py", 4, env={"LATE_RANK": "all"})
+    job = gloo_job("late_loader.py", 4, env={"LATE_RANK": "all", "COLLTRACE_STRAGGLER_WINDOW_S": "2"})
     assert job.wait(120) == [0, 0, 0, 0], job.stderr(0)
+    assert [line for r in range(4) for line in job.stderr(r).splitlines() if "straggler" in line] == []
     doc = analyze(job.dir)
     assert doc["findings"] == [] and doc["stragglers"] == []

@@ -110,6 +110,16 @@
     more.textContent = t.more ? "… " + t.more.rows + " more rows (" + t.more.ranks + " ranks)" : "";
   }
 
+  function renderStragglers(st) {
+    $("straggler-rows").replaceChildren(...st.rows.map((s) => h("tr", {}, h("th", {}, s.rank),
+      h("td", {}, s.collectives + " of " + s.of), h("td", {}, s.lag_ms + " ms"), h("td", {}, s.waited_s + " s"),
+      h("td", {}, s.share + " %"), h("td", {className: "where"}, dash(s.where)))));
+    $("straggler-none").hidden = st.rows.length > 0;
+    $("lag-rows").replaceChildren(...st.lags.map((row) => h("div", {className: "lag-row"},
+      h("div", {className: "lag-rank"}, "rank " + row.rank),
+      h("div", {className: "lag-cells"}, row.cells.map((c) => h("span", {className: "lag b" + c[1], title: c[0] + " ms"}))))));
+  }
+
   function banner(text) {
     const b = $("banner");
     b.hidden = !text;
@@ -126,6 +136,7 @@
     renderRanks(v.ranks);
     renderGroups(v.groups);
     renderTimeline(v.timeline);
+    renderStragglers(v.stragglers);
     document.body.dataset.renders = String(Number(document.body.dataset.renders || 0) + 1);
   }
 
