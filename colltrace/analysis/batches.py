@@ -80,9 +80,12 @@ def find(snap: Snapshot) -> list[Duplicate]:
         by_rank = {r: s for r, s in by_rank.items() if s}
         if len(members) < 2 or len(by_rank) < 2:
             continue   # a world (or group) of one, or one rank seen: nothing to compare
+        # Only the steps every rank seen has sampled: a rank whose sample of a step has not come
+        # yet (a loaded machine) would otherwise leave a smaller set named first, the whole later.
+        steps = set.intersection(*(set(s) for s in by_rank.values()))
+        by_rank = {r: {k: v for k, v in s.items() if k in steps} for r, s in by_rank.items()}
         # candidate sets: ranks that fed one digest at some step
         candidates = set()
-        steps = set().union(*(set(s) for s in by_rank.values()))
         for step in steps:
             buckets: dict[str, list[int]] = {}
             for r, s in by_rank.items():

@@ -79,6 +79,14 @@ def test_a_split_in_two_halves_names_each_half():
     assert len({f["key"] for f in fs}) == 2
 
 
+def test_a_rank_whose_samples_lag_is_named_with_the_others_not_after_them():
+    """On a loaded machine rank 0's third sample comes a round after ranks 1 and 2's: the three
+    are named together once it has, never ranks 1-2 first."""
+    assert analyze(snap({0: ["aa"] * 2, 1: ["aa"] * 3, 2: ["aa"] * 3}), 30.0, T) == []
+    (f,) = analyze(snap({0: ["aa"] * 3, 1: ["aa"] * 3, 2: ["aa"] * 3}), 30.0, T)
+    assert sorted(f["ranks"]) == ["0", "1", "2"]
+
+
 @pytest.mark.parametrize("case", ["different", "too_few", "mostly_different", "constant", "one_rank_seen",
                                   "world_of_one", "unaligned"])
 def test_equal_data_is_named_only_as_a_pattern_of_real_batches(case):
