@@ -40,6 +40,83 @@ class Settings:
     warnings: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class Variable:
+    """One environment variable: the README's row (default as shown, meaning), the Settings field
+    it fills (where one does: its default is the field's), and `colltrace run`'s flag for it."""
+    env: str
+    shown: str                      # the default as the README shows it
+    meaning: str                    # the README's words (Markdown)
+    field: str | None = None        # the Settings attribute it sets
+    flag: str | None = None         # `colltrace run FLAG VALUE` sets it for the job
+    flag_help: str | None = None    # the flag's help, where the README's words hold links
+    metavar: str | None = None
+
+
+# Every variable colltrace reads, in the README's order. The README's table is markdown_table()'s
+# text, `colltrace run`'s flags are the rows with a flag, and tests/unit/test_settings_table.py
+# keeps both equal to this table and each row's default equal to its Settings field's.
+VARIABLES: tuple[Variable, ...] = (
+    Variable("COLLTRACE", "off", "`1` (anything but empty/`0`) traces the process", "enabled"),
+    Variable("COLLTRACE_DIR", "`colltrace-out`", "folder for traces, findings and the report", "dir"),
+    Variable("COLLTRACE_STALL_S", "`30`", "seconds ranks may wait for a rank that has not arrived before a *stall* "
+             "finding", "stall_s", "--stall-s", metavar="S"),
+    Variable("COLLTRACE_ON_HANG", "`warn`", "`warn`, `dump` (also write every rank's stacks) or `abort` (end every "
+             "rank; [Slow or hung](#slow-or-hung))", "on_hang", "--on-hang",
+             "warn (default), dump (also write every rank's stacks) or abort (end every rank)"),
+    Variable("COLLTRACE_ABORT_STALL_S", "off", "with `abort`: also end a stall whose missing ranks still move, once it "
+             "has lasted this long", "abort_stall_s", "--abort-stall-s", metavar="S"),
+    Variable("COLLTRACE_PY_SPY", "on `PATH` or beside `python`", "the py-spy binary, or `off`"),
+    Variable("COLLTRACE_RING_SLOTS", "`65536`", "64-byte event slots per rank (4 MiB): the most recent events kept",
+             "ring_slots"),
+    Variable("COLLTRACE_DEFS_MAX_MB", "`64`", "cap on interned stacks/signatures per rank", "defs_max_bytes"),
+    Variable("COLLTRACE_STACK_DEPTH", "`48`", "frames kept per call stack", "stack_depth"),
+    Variable("COLLTRACE_PURE", "off", "`1`: the Python wrappers only, not the compiled hot path", "pure"),
+    Variable("COLLTRACE_HOOKS", "on", "`0`: no c10d collective hooks on torch ≥ 2.14 (DDP's all-reduces are counted, "
+             "as on 2.13); `python`: the Python route even where `colltrace build-hooks` built its module", "hooks"),
+    Variable("COLLTRACE_WATCHDOG", "`auto`", "`auto` (one per host), `external` (`colltrace run` hosts it), `off`",
+             "watchdog"),
+    Variable("COLLTRACE_DIGEST", "off", "`1`: for `duplicate_data`, a CRC-32 of each gathered CPU input up to 64 KiB "
+             "(`N`: N KiB) and of every step's whole batch", "digest_bytes"),
+    Variable("COLLTRACE_BATCHES", "on", "`0`: do not sample what DDP and FSDP models are fed (steps 1-8, then every "
+             "64th), which `duplicate_data` compares", "batches"),
+    Variable("COLLTRACE_USER_PACKAGES", "none", "`mylib,otherlib`: installed packages that are your own code "
+             "([How it works](#how-it-works))", "user_packages", "--user-packages",
+             "installed packages that are your own code: verdicts name their lines like your scripts'",
+             metavar="NAME[,NAME...]"),
+    Variable("COLLTRACE_STORE", "the job's TCPStore", "where the leader's address is found ([Several "
+             "hosts](#several-hosts)); `off`: each host judges its own ranks"),
+    Variable("COLLTRACE_LEADER_PORT", "any free port", "the port the leader's watchdog serves the other hosts on"),
+    Variable("COLLTRACE_FANOUT", "`32`", "on a job of more hosts than this + 1, the hosts exchange along a tree of "
+             "this many children per parent ([Several hosts](#several-hosts))"),
+    Variable("COLLTRACE_STRAGGLER_SHARE", "`0.1`", "one line on stderr when a rank made the others wait this share "
+             "of the job's time over the window (then at most every 5 minutes); `0`: never", "straggler_share",
+             "--straggler-share", "one line when a rank made the others wait this share of the time (0: never)",
+             metavar="SHARE"),
+    Variable("COLLTRACE_STRAGGLER_WINDOW_S", "`60`", "the window the live straggler view (that line, the "
+             "dashboard's panel) judges; the line needs half of it seen", "straggler_window_s"),
+    Variable("COLLTRACE_HOST", "the host name", "tells this host's ranks from others' in a shared folder", "host"),
+    Variable("COLLTRACE_POLL_S", "`0.1`", "how often the watchdog reads the rings and each rank's poller wakes",
+             "poll_s"),
+    Variable("COLLTRACE_DASHBOARD", "off", "`[HOST:]PORT` (HOST: 127.0.0.1): rank 0's host serves the "
+             "[dashboard](#dashboard) there", "dashboard", "--dashboard",
+             "serve the live dashboard while the job runs (127.0.0.1 unless HOST is given; another HOST needs "
+             "COLLTRACE_DASHBOARD_TOKEN; port 0 picks a free one)", metavar="[HOST:]PORT"),
+    Variable("COLLTRACE_DASHBOARD_TOKEN", "none", "token every dashboard request must carry; required to bind "
+             "anything but loopback", "dashboard_token"),
+)
+
+
+def markdown_table() -> str:
+    """The README's table of variables (Settings, "Variables")."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    rows += [f"| `{v.env}` | {v.shown} | {v.meaning} |" for v in VARIABLES]
+    return "\n".join(rows) + "\n"
+
+
+_DEFAULT = {f.name: f.default for f in Settings.__dataclass_fields__.values()}
+
+
 def _float(env, name, default, lo, warnings):
     raw = env.get(name)
     if raw is None or raw.strip() == "":
@@ -139,16 +216,16 @@ def load(env=None) -> Settings:
     return Settings(
         enabled=enabled,
         dir=env.get("COLLTRACE_DIR", "").strip() or DEFAULT_DIR,
-        stall_s=_float(env, "COLLTRACE_STALL_S", 30.0, 0.0, warnings),
+        stall_s=_float(env, "COLLTRACE_STALL_S", _DEFAULT["stall_s"], 0.0, warnings),
         on_hang=on_hang,
-        abort_stall_s=_float(env, "COLLTRACE_ABORT_STALL_S", 0.0, 0.0, warnings),
-        ring_slots=_int(env, "COLLTRACE_RING_SLOTS", 65536, 1024, warnings),
-        defs_max_bytes=_int(env, "COLLTRACE_DEFS_MAX_MB", 64, 1, warnings) << 20,
-        stack_depth=_int(env, "COLLTRACE_STACK_DEPTH", 48, 1, warnings),
+        abort_stall_s=_float(env, "COLLTRACE_ABORT_STALL_S", _DEFAULT["abort_stall_s"], 0.0, warnings),
+        ring_slots=_int(env, "COLLTRACE_RING_SLOTS", _DEFAULT["ring_slots"], 1024, warnings),
+        defs_max_bytes=_int(env, "COLLTRACE_DEFS_MAX_MB", _DEFAULT["defs_max_bytes"] >> 20, 1, warnings) << 20,
+        stack_depth=_int(env, "COLLTRACE_STACK_DEPTH", _DEFAULT["stack_depth"], 1, warnings),
         digest_bytes=_digest(env, warnings),
         batches=env.get("COLLTRACE_BATCHES", "").strip().lower() not in ("0", "off", "no", "false"),
         watchdog=watchdog,
-        poll_s=_float(env, "COLLTRACE_POLL_S", 0.1, 0.01, warnings),
+        poll_s=_float(env, "COLLTRACE_POLL_S", _DEFAULT["poll_s"], 0.01, warnings),
         host=env.get("COLLTRACE_HOST", "").strip() or socket.gethostname(),
         dashboard=_bind(env, "COLLTRACE_DASHBOARD", warnings),
         dashboard_token=env.get("COLLTRACE_DASHBOARD_TOKEN", "").strip(),
@@ -156,8 +233,8 @@ def load(env=None) -> Settings:
         pure=env.get("COLLTRACE_PURE", "").strip() not in ("", "0"),
         hooks=hooks not in ("0", "off"),
         hooks_compiled=hooks != "python",
-        straggler_share=_float(env, "COLLTRACE_STRAGGLER_SHARE", 0.1, 0.0, warnings),
-        straggler_window_s=_float(env, "COLLTRACE_STRAGGLER_WINDOW_S", 60.0, 1.0, warnings),
+        straggler_share=_float(env, "COLLTRACE_STRAGGLER_SHARE", _DEFAULT["straggler_share"], 0.0, warnings),
+        straggler_window_s=_float(env, "COLLTRACE_STRAGGLER_WINDOW_S", _DEFAULT["straggler_window_s"], 1.0, warnings),
         warnings=tuple(warnings),
     )
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,46 +12,40 @@ import time
 from colltrace import config
 
 
+_FLOATS = ("stall_s", "abort_stall_s", "straggler_share")
+
+
+def _plain(markdown: str) -> str:
+    """The README's words as a flag's help: no backquotes, links as their text."""
+    return re.sub(r"\[([^]]*)\]\([^)]*\)", r"\1", markdown).replace("`", "").replace("*", "")
+
+
 class RunCommand:
     name = "run"
     help = "Run a job under colltrace (colltrace run [options] -- torchrun ... | python script.py)."
 
     def prepare_parser(self, p):
         p.add_argument("--dir", help="trace folder (default: colltrace-out/run-<time>)")
-        p.add_argument("--stall-s", type=float, help="seconds ranks may wait for a missing rank before a stall finding")
-        p.add_argument("--on-hang", choices=config.ON_HANG_CHOICES, help="warn (default), dump stacks, or abort the job")
-        p.add_argument("--user-packages", metavar="NAME[,NAME...]",
-                       help="installed packages that are your own code (an installed library of yours): verdicts "
-                            "name their lines like your scripts' [env COLLTRACE_USER_PACKAGES]")
-        p.add_argument("--abort-stall-s", type=float,
-                       help="with --on-hang abort: also end a stall whose missing ranks still compute, after this "
-                            "many seconds (default: never; frozen ones are ended at once)")
-        p.add_argument("--dashboard", metavar="[HOST:]PORT",
-                       help="serve the live dashboard while the job runs (127.0.0.1 unless HOST is given; "
-                            "another HOST needs COLLTRACE_DASHBOARD_TOKEN; port 0 picks a free one)")
+        for v in config.VARIABLES:   # the settings table's flags (README, "Variables")
+            if v.flag is not None:
+                p.add_argument(v.flag, dest=v.field, metavar=v.metavar, type=float if v.field in _FLOATS else str,
+                               choices=config.ON_HANG_CHOICES if v.field == "on_hang" else None,
+                               help=f"{v.flag_help or _plain(v.meaning)} [env {v.env}]")
 
     def run(self, args, parser) -> int:
         from colltrace.errors import UsageError
 
         if not args.job_argv:
             raise UsageError("nothing to run: give the job after --, e.g. colltrace run -- torchrun --nproc-per-node 4 train.py")
-        if args.stall_s is not None and args.stall_s < 0:
-            raise UsageError("--stall-s must be >= 0")
-        if args.abort_stall_s is not None and args.abort_stall_s < 0:
-            raise UsageError("--abort-stall-s must be >= 0")
+        flags = {v: getattr(args, v.field) for v in config.VARIABLES if v.flag and getattr(args, v.field) is not None}
+        for v, value in flags.items():
+            if v.field in _FLOATS and value < 0:
+                raise UsageError(f"{v.flag} must be >= 0")
         directory = args.dir or os.path.join(config.DEFAULT_DIR, time.strftime("run-%Y%m%d-%H%M%S"))
         os.makedirs(directory, exist_ok=True)
         env = dict(os.environ, COLLTRACE="1", COLLTRACE_DIR=directory, COLLTRACE_WATCHDOG="external")
-        if args.stall_s is not None:
-            env["COLLTRACE_STALL_S"] = str(args.stall_s)
-        if args.on_hang:
-            env["COLLTRACE_ON_HANG"] = args.on_hang
-        if args.user_packages is not None:
-            env["COLLTRACE_USER_PACKAGES"] = args.user_packages
-        if args.abort_stall_s is not None:
-            env["COLLTRACE_ABORT_STALL_S"] = str(args.abort_stall_s)
-        if args.dashboard is not None:
-            env["COLLTRACE_DASHBOARD"] = _dashboard_bind(args.dashboard, env)
+        for v, value in flags.items():
+            env[v.env] = _dashboard_bind(value, env) if v.field == "dashboard" else str(value)
         settings = config.load(env)
         from colltrace.host.watchdog import Watchdog
 

@@ -1,0 +1,89 @@
+"""One settings table (colltrace/config.py's VARIABLES) drives the README's table of variables,
+`colltrace run`'s flags and the defaults `Settings` holds: these tests keep the three equal."""
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from colltrace import config
+from colltrace.cli import build_parser
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+# Read by the pytest plugin, documented with its own options (README, "pytest plugin").
+PLUGIN_ONLY = {"COLLTRACE_PYTEST"}
+
+
+def test_the_readme_shows_the_table_as_config_writes_it():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    assert config.markdown_table() in readme
+
+
+def _shown(value) -> str:
+    """How the README shows a Settings default."""
+    if value is True:
+        return "on"
+    if value == ():
+        return "none"
+    if value in (False, None, 0):
+        return "off"
+    if isinstance(value, float):
+        value = f"{value:g}"
+    return f"`{value}`"
+
+
+@pytest.mark.parametrize("v", [v for v in config.VARIABLES if v.field], ids=lambda v: v.env)
+def test_each_rows_default_is_what_settings_holds(v):
+    default = config.Settings.__dataclass_fields__[v.field].default
+    if v.field == "defs_max_bytes":
+        default >>= 20                       # shown in MB, as the variable is given
+    if v.field in ("host",):                 # a default_factory: the machine's name
+        assert v.shown == "the host name"
+    elif v.field in ("dashboard_token", "user_packages"):
+        assert v.shown == "none" and default in ("", ())
+    else:
+        assert v.shown == _shown(default)
+    assert config.load({}).__getattribute__(v.field) == (
+        config.Settings.__dataclass_fields__[v.field].default if v.field != "host" else config.load({}).host)
+
+
+def test_every_variable_the_code_reads_is_in_the_table():
+    read = set()
+    for base in ("colltrace", os.path.join("dashboard", "colltrace_dashboard")):
+        for folder, _, files in os.walk(os.path.join(ROOT, base)):
+            for name in files:
+                if name.endswith(".py"):
+                    with open(os.path.join(folder, name)) as f:
+                        read |= set(re.findall(r"\bCOLLTRACE(?:_[A-Z0-9]+)*\b", f.read()))
+    read = {v for v in read if not v.startswith("COLLTRACE_C10D")}   # a C macro, not a variable
+    assert read - PLUGIN_ONLY == {v.env for v in config.VARIABLES}
+
+
+def test_colltrace_run_has_a_flag_for_each_row_with_one_and_sets_its_variable(monkeypatch):
+    from colltrace.commands import run as run_command
+
+    parser = build_parser()
+    flagged = [v for v in config.VARIABLES if v.flag]
+    assert {v.flag for v in flagged} == {"--stall-s", "--on-hang", "--abort-stall-s", "--user-packages",
+                                         "--straggler-share", "--dashboard"}
+    values = {"--stall-s": "7", "--on-hang": "abort", "--abort-stall-s": "9", "--user-packages": "mylib",
+              "--straggler-share": "0.2", "--dashboard": "8765"}
+    args = parser.parse_args(["run"] + [x for v in flagged for x in (v.flag, values[v.flag])])
+    args.job_argv = ["true"]   # what cli.main hands it: the job after --
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_load(env):
+        seen.update(env)
+        raise Stop
+
+    monkeypatch.setattr(config, "load", fake_load)
+    with pytest.raises(Stop):
+        run_command.RunCommand().run(args, parser)
+    assert {v.env: seen.get(v.env) for v in flagged} == {
+        "COLLTRACE_STALL_S": "7.0", "COLLTRACE_ON_HANG": "abort", "COLLTRACE_ABORT_STALL_S": "9.0",
+        "COLLTRACE_USER_PACKAGES": "mylib", "COLLTRACE_STRAGGLER_SHARE": "0.2", "COLLTRACE_DASHBOARD": "127.0.0.1:8765"}
