@@ -142,6 +142,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warm", type=float, default=6.0, help="seconds of healthy job after every host connected")
     ap.add_argument("--workers", type=int, default=None, help="processes for the hosts other than the leader")
     ap.add_argument("--period", type=float, default=None, help="seconds between a simulated host's rounds")
+    ap.add_argument("--wait", type=float, default=WAIT_FOR_VERDICT_S, help="seconds to wait for the verdict")
     args = ap.parse_args(argv)
     if args.compare:
         flat = run(args, flat=True)
@@ -189,12 +190,13 @@ def run(args, flat: bool) -> str | None:
             print(f"scale_live: only {got} of {hosts} hosts connected in 600 s", file=sys.stderr)
             return None
         connected = time.time() - t0
+        print(f"scale_live: {hosts} hosts connected in {connected:.1f} s", file=sys.stderr, flush=True)
         time.sleep(args.warm)
         hang_at.value = time.time()
         try:
-            kind, verdict, cpu, text = results.get(timeout=WAIT_FOR_VERDICT_S)
+            kind, verdict, cpu, text = results.get(timeout=args.wait)
         except Exception:
-            print(f"scale_live: no verdict within {WAIT_FOR_VERDICT_S:.0f} s of the hang", file=sys.stderr)
+            print(f"scale_live: no verdict within {args.wait:.0f} s of the hang", file=sys.stderr)
             return None
         time.sleep(1.0)
     finally:

@@ -23,6 +23,7 @@ from colltrace.host.latecomers import Latecomers
 from colltrace.host.leader import Exchange
 from colltrace.host.nodeview import NodeView, process_gone
 from colltrace.host.outputs import Outputs
+from colltrace.host.tree import DETAIL_ALL_RANKS
 from colltrace.model.build import merge, suspects
 from colltrace.reporters.text import activity_lines, render_straggler_line, summarize
 
@@ -142,7 +143,7 @@ class Watchdog:
         if self.aborted:   # after our own abort, ranks failing or vanishing are its doing, not findings
             self._publish(snap, list(self.findings), [], now)
             return []
-        if self.settings.straggler_share > 0:
+        if self.settings.straggler_share > 0 and len(snap["ranks"]) <= DETAIL_ALL_RANKS:   # records travel
             for s in self.latecomers.update(snap, now):
                 self.outputs.say(render_straggler_line(s))
         judged = self.store.judgeable(snap)   # a large job: the ranks it asked for in full (host/tree.py)
