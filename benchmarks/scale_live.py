@@ -159,7 +159,7 @@ def run(args, flat: bool) -> str | None:
     from colltrace.testing import simhosts
 
     hosts = -(-args.ranks // simhosts.RANKS_PER_HOST)
-    fan = hosts + 1 if flat else (args.fanout or tree.FANOUT)
+    fan = hosts + 1 if flat else (args.fanout or tree.fanout(hosts))
     workers = args.workers or max(1, min(16, (hosts - 1 + 127) // 128))
     period = args.period or 0.1   # a real host's round (host/watchdog.py); here as fast as the cores allow
     job_store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)

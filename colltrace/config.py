@@ -88,7 +88,8 @@ VARIABLES: tuple[Variable, ...] = (
              "hosts](#several-hosts)); `off`: each host judges its own ranks"),
     Variable("COLLTRACE_LEADER_PORT", "any free port", "the port the leader's watchdog serves the other hosts on"),
     Variable("COLLTRACE_FANOUT", "`32`", "on a job of more hosts than this + 1, the hosts exchange along a tree of "
-             "this many children per parent ([Several hosts](#several-hosts))"),
+             "this many children per parent ([Several hosts](#several-hosts)); unset, past 1,057 hosts: the square "
+             "root of the hosts (two levels)"),
     Variable("COLLTRACE_STRAGGLER_SHARE", "`0.1`", "one line on stderr when a rank made the others wait this share "
              "of the job's time over the window (then at most every 5 minutes); `0`: never", "straggler_share",
              "--straggler-share", "one line when a rank made the others wait this share of the time (0: never)",

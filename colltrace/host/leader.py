@@ -33,7 +33,7 @@ class Exchange:
         # The tree (host/tree.py): this host's place in it where torchrun says so. A host with
         # children serves them (self.below: its own server, through which it reads them).
         place = place if place is not None else tree.host_index()
-        self.topo = tree.Topology(place[0], place[1], fan or tree.fanout()) if place else None
+        self.topo = tree.Topology(place[0], place[1], fan or tree.fanout(place[1])) if place else None
         self.below: storelink.StoreLink | None = None
         self.serving: meeting.MeetingPoint | None = None
         self.took_over = False             # the leader's host died and this one judges the job now
@@ -203,7 +203,7 @@ class Exchange:
 
     def _subtree(self, summary: dict, now: float) -> dict:
         """This host's summary with its children's (each their own subtree's), as one."""
-        children = self.below.node_summaries(skip=self.below.node_index)
+        children = self.below.node_summaries(skip=self.below.node_index, unfold=False)   # passed up folded
         return tree.merge_subtree(summary, children, now)
 
     def exchange(self, summary: dict, on_hang) -> tuple[list[dict], set[int]]:
@@ -224,8 +224,12 @@ class Exchange:
             want = self._want
             if now - self._published_at >= storelink.PUBLISH_S or self._fresh_want:
                 ranks = tree.slim(summary["ranks"], want, now)
-                link.publish_node({**summary, "own": sorted(int(r) for r in self.node.traces),
-                                   "ranks": {r: compact_entry(e) if tree.detailed(e) else e for r, e in ranks.items()}})
+                ranks = {r: compact_entry(e) if tree.detailed(e) and "cls" not in e else e for r, e in ranks.items()}
+                classes = summary.get("classes") or {}
+                if not want["all"]:   # a large job: equal states travel once (tree.fold)
+                    ranks, classes = tree.fold(ranks, classes)
+                link.publish_node({**summary, "own": sorted(int(r) for r in self.node.traces), "ranks": ranks,
+                                   "classes": classes})
                 self._published_at, self._fresh_want = now, False
             if self.leader:
                 return link.node_summaries(skip=link.node_index), set()

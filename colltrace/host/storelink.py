@@ -179,6 +179,7 @@ class StoreLink:
         self._data = None
         self._decoded: dict[str, tuple] = {}  # node key -> (bytes, summary): decoded once
         self._control_seen: tuple = (-1, (None, None, False))   # (CONTROL count, control()) last read
+        self._unfolded: dict[str, tuple] = {}  # node key -> (bytes, summary with its classes unfolded)
 
     # -- node side ----------------------------------------------------------------------
     def publish_node(self, summary: dict) -> None:
@@ -257,10 +258,12 @@ class StoreLink:
                 return None
             s["groups"] = self._groups_of(key, s.get("groups_crc"), s.get("groups"))
             have = self._decoded[key] = (raw, s)
-        return _with_beat(have[1], None)
+        return _with_beat(self._unfolded_of(key, raw, have[1]), None)
 
     # -- leader side ----------------------------------------------------------------------
-    def node_summaries(self, skip: int | None = None) -> list[dict]:
+    def node_summaries(self, skip: int | None = None, unfold: bool = True) -> list[dict]:
+        """Every node's summary (heartbeats put back). unfold: the ranks a host folded into classes
+        (host/tree.py's fold) whole again; False: as they came (a parent passes them up so)."""
         try:
             n = int(self._store.add(PREFIX + "nodes", 0))
             keys = [f"{PREFIX}node/{i}" for i in range(1, n + 1) if i != skip]
@@ -296,10 +299,23 @@ class StoreLink:
                         continue
                     s["groups"] = self._groups_of(key, s.get("groups_crc"), s.get("groups"))
                     self._decoded[key] = (raw, s)
+                if unfold:
+                    s = self._unfolded_of(key, raw, s)
             except StoreError:
                 continue  # one node's bad value must not hide the others
             out.append(_with_beat(s, beat_of.get(key)))
         return out
+
+    def _unfolded_of(self, key: str, raw: bytes, s: dict) -> dict:
+        """A summary with its classes unfolded, done once per value."""
+        if not s.get("classes"):
+            return s
+        have = self._unfolded.get(key)
+        if have is None or have[0] != raw:
+            from colltrace.host.tree import unfold
+
+            have = self._unfolded[key] = (raw, dict(s, ranks=unfold(s["ranks"], s["classes"]), classes={}))
+        return have[1]
 
     def _groups_of(self, key: str, crc, inline) -> dict:
         """A node's group table, fetched again only when its checksum changed."""

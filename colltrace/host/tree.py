@@ -21,6 +21,7 @@ that died), and for ranks that are not alive. The root judges only the ranks it 
 from __future__ import annotations
 
 import json
+import math
 import os
 
 from colltrace.model.schema import ALIVE, PENDING, UNKNOWN
@@ -33,9 +34,17 @@ HOST_LOST_S = 5.0         # a rank whose heartbeat (its poller thread beats whil
 VITAL = ("rank", "status", "host", "pid", "progress", "heartbeat", "exit", "died_at", "stall_s")
 
 
-def fanout(environ=os.environ) -> int:
+def fanout(hosts: int = 0, environ=os.environ) -> int:
+    """Children per parent: COLLTRACE_FANOUT where given; else FANOUT, or on a job of more hosts
+    than two levels of FANOUT hold (1,057), the square root of the hosts: two levels, each parent
+    a like share. A third level would add a round to every verdict, and filled breadth first it
+    puts half the job under the root's first child (at 2,048 hosts: 8,448 ranks merged there)."""
     v = environ.get("COLLTRACE_FANOUT", "").strip()
-    return int(v) if v.isdigit() and int(v) >= 2 else FANOUT
+    if v.isdigit() and int(v) >= 2:
+        return int(v)
+    if hosts > 1 + FANOUT + FANOUT * FANOUT:
+        return math.isqrt(hosts - 2) + 1
+    return FANOUT
 
 
 class Topology:
@@ -129,10 +138,78 @@ def slim(ranks: dict, want: dict, now: float) -> dict:
 
 
 def _waits(entry: dict, now: float) -> bool:
+    if "cls" in entry:   # a residue (fold): its earliest pending entry
+        w = entry.get("w")
+        return isinstance(w, (int, float)) and now - w >= SUSPECT_AFTER_S
     for rec in entry.get("records") or ():
         if rec.get("state") in PENDING and now - (rec.get("entered_at") or now) >= SUSPECT_AFTER_S:
             return True
     return False
+
+
+# ---- folding: ranks in the same state travel as one class ----------------------------------------
+# On a job judged from vitals, a hang makes every member of the suspect groups travel in full: on a
+# world group that is every rank, and each parent would decode, merge and encode its whole
+# subtree's entries every round. But ranks waiting in one collective differ only in a few numbers:
+# their rank, their records' ids and times. A host sends each detailed entry as its vitals plus a
+# class (the rest of the entry, records without those numbers, named by a hash of its JSON) and
+# the numbers; a parent passes residues and classes up as they came, uniting equal classes of its
+# children; the root unfolds them back into the entries it judges, lossless. What travels grows
+# with the ranks' vitals and the job's distinct states, not with ranks x records.
+
+OWN = ("rank", "id", "entered_at", "returned_at", "completed_at")   # a record's numbers of its own
+
+
+def _template(entry: dict) -> dict:
+    t = {k: v for k, v in entry.items() if k not in VITAL}
+    t["records"] = [{k: v for k, v in r.items() if k not in OWN} for r in entry.get("records") or ()]
+    return t
+
+
+def fold(ranks: dict, classes: dict | None = None) -> tuple[dict, dict]:
+    """(ranks with every detailed entry as a residue, the classes they name). Entries already
+    folded (a child's) and vitals pass as they are; `classes`: a child's, kept."""
+    import hashlib
+
+    classes = dict(classes or {})
+    out = {}
+    for r, e in ranks.items():
+        if not isinstance(e, dict) or not detailed(e) or "cls" in e or not isinstance(e.get("records"), list):
+            out[r] = e
+            continue
+        t = _template(e)
+        key = hashlib.blake2b(json.dumps(t, sort_keys=True, separators=(",", ":"), default=str).encode(),
+                              digest_size=8).hexdigest()
+        classes.setdefault(key, t)
+        res = {k: e[k] for k in VITAL if k in e}
+        res["cls"] = key
+        res["rt"] = [[rec.get(k) for k in OWN[1:]] for rec in e["records"]]
+        waits = [rec.get("entered_at") for rec in e["records"] if rec.get("state") in PENDING]
+        res["w"] = min((w for w in waits if isinstance(w, (int, float))), default=None)
+        out[r] = res
+    used = {e["cls"] for e in out.values() if isinstance(e, dict) and "cls" in e}
+    return out, {k: v for k, v in classes.items() if k in used}
+
+
+def unfold(ranks: dict, classes: dict) -> dict:
+    """The entries `fold` made residues of, whole again; a residue whose class is missing (a torn
+    summary) becomes its vitals."""
+    out = {}
+    for r, e in ranks.items():
+        if not isinstance(e, dict) or "cls" not in e:
+            out[r] = e
+            continue
+        t = classes.get(e["cls"]) if isinstance(classes, dict) else None
+        times = e.get("rt") if isinstance(e.get("rt"), list) else []
+        base = {k: v for k, v in e.items() if k not in ("cls", "rt", "w")}
+        if not isinstance(t, dict) or len(times) != len(t.get("records") or ()):
+            base["vital"] = True
+            out[r] = base
+            continue
+        records = [dict(rec, rank=e.get("rank"), id=n[0], entered_at=n[1], returned_at=n[2], completed_at=n[3])
+                   for rec, n in zip(t["records"], times) if isinstance(n, list) and len(n) == 4]
+        out[r] = {**t, **base, "records": records}
+    return out
 
 
 def merge_subtree(own: dict, children: list[dict], now: float) -> dict:
@@ -142,13 +219,15 @@ def merge_subtree(own: dict, children: list[dict], now: float) -> dict:
     copy), the entry with the newer heartbeat wins."""
     ranks = dict(own.get("ranks") or {})
     groups = dict(own.get("groups") or {})
+    classes = dict(own.get("classes") or {})
     for s in children:
         groups.update(s.get("groups") or {})
+        classes.update(s.get("classes") or {})
         for r, e in (s.get("ranks") or {}).items():
             have = ranks.get(r)
             if have is None or _beat(e) >= _beat(have):
                 ranks[r] = e
-    return dict(own, t=now, ranks=ranks, groups=groups,
+    return dict(own, t=now, ranks=ranks, groups=groups, classes=classes,
                 hosts=1 + sum(int(s.get("hosts") or 1) for s in children))
 
 

@@ -132,7 +132,7 @@ class Watchdog:
         if self.leader:
             wanted = suspects(snap, now)
             self.store.want(wanted, snap, now)
-        local = {r for r in wanted if r in self.node.traces}
+        local = {r for r in self.node.traces if r in wanted}   # its own few, not every rank wanted
         self.node.sample(local)
         if local:
             self.node.refresh_stacks(local)

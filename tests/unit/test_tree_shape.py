@@ -112,3 +112,18 @@ def test_suspects_looks_at_each_collective_once_and_finds_what_looking_per_waite
                         progress=dict(ranks[r]["progress"], **{"0": ranks["0"]["progress"]["0"] | {"entered": 0}}))
     snap = {"groups": groups, "ranks": ranks}
     assert suspects(snap, 11.0) == _suspects_per_waiter(snap, 11.0) == {5, 40}
+
+
+def test_past_two_levels_of_32_the_tree_stays_two_levels_and_no_parent_holds_more_than_its_fanout():
+    from colltrace.host.tree import Topology, fanout
+
+    for hosts in (1058, 2048, 12_500):           # 8k, 16k and 100k ranks in hosts of 8
+        fan = fanout(hosts, environ={})
+        topo = [Topology(i, hosts, fan) for i in range(1, hosts + 1)]
+        assert max(t.depth for t in topo) == 2
+        # the root's children have leaves only: none holds more than fan hosts below it (at 2,048
+        # hosts with 32 a parent, the root's first child held 1,055)
+        assert all(len(t.children) <= fan and all(not Topology(c, hosts, fan).children for c in t.children)
+                   for t in topo if t.depth == 1)
+    assert fanout(100, environ={}) == 32
+    assert fanout(12_500, environ={"COLLTRACE_FANOUT": "16"}) == 16     # the user's choice wins
