@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from helpers.procs import stacks_of
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOBS = os.path.join(HERE, "integration", "jobs")
 
@@ -188,30 +190,6 @@ class TorchrunJob:
         from helpers.jobs import findings
 
         return findings(self.dir)
-
-
-def stacks_of(pids, limit: int = 6000) -> str:
-    """Every Python thread's stack in these processes and their children (py-spy dump), for the
-    message of a test that kills them as hung: where each one was, not only that it hung. A
-    process py-spy cannot read (ptrace refused) says so in one line."""
-    import psutil
-
-    procs = []
-    for pid in pids:
-        try:
-            top = psutil.Process(pid)
-            procs += [top] + top.children(recursive=True)
-        except psutil.Error:
-            continue
-    out = []
-    for p in procs:
-        try:
-            r = subprocess.run(["py-spy", "dump", "--pid", str(p.pid)], capture_output=True, text=True, timeout=10)
-            text = (r.stdout or r.stderr).strip()
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            text = f"(no stack: {exc})"
-        out.append(f"--- pid {p.pid}: {text[-1500:]}")
-    return ("stacks before the kill:\n" + "\n".join(out))[:limit] if out else ""
 
 
 def _kill_tree(pid: int) -> None:

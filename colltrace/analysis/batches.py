@@ -85,14 +85,14 @@ def find(snap: Snapshot) -> list[Duplicate]:
         steps = set.intersection(*(set(s) for s in by_rank.values()))
         by_rank = {r: {k: v for k, v in s.items() if k in steps} for r, s in by_rank.items()}
         # candidate sets: ranks that fed one digest at some step
-        candidates = set()
+        candidates: set[tuple] = set()
         for step in steps:
             buckets: dict[str, list[int]] = {}
             for r, s in by_rank.items():
                 if step in s:
                     buckets.setdefault(s[step], []).append(r)
             candidates.update(tuple(sorted(rs)) for rs in buckets.values() if len(rs) >= 2)
-        found = []
+        found: list[Duplicate] = []
         for rs in sorted(candidates, key=lambda c: (-len(c), c)):
             if any(set(rs) <= set(d.ranks) for d in found):
                 continue   # part of a larger set already named
@@ -124,7 +124,7 @@ def _loader(view, m: dict) -> dict | None:
 
 def findings(v) -> list[tuple[dict, list, set]]:
     """The findings for colltrace.analysis.findings.Verdicts `v`: (finding, graph nodes, own ranks)."""
-    out = []
+    out: list[tuple[dict, list, set]] = []
     for d in find(v.snap):
         r0 = d.ranks[0]
         ranks = {}

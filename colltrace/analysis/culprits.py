@@ -109,19 +109,19 @@ def explain(findings: list[dict]) -> dict:
     named = [(f, _roots(f)) for f in hang]
     waiting = set().union(*(_waiters(f) for f in hang)) if hang else set()
     chosen = dict(by["root"])
-    for r, why in by["lag"].items():
+    for r, whys in by["lag"].items():
         # lagging in one group while waiting for others elsewhere: a consequence, not a cause
         if r not in waiting or r in chosen:
-            chosen.setdefault(r, []).extend(why)
+            chosen.setdefault(r, []).extend(whys)
     if not chosen:
         chosen = by["backend"]
     culprits = sorted(chosen)
-    involved = set()
+    involved: set[int] = set()
     for f in hang:
         involved.update(int(r) for r in (f.get("ranks") or {}))
         involved.update(f.get("behind") or [])
-        involved.update(f.get("waiting") or [] if isinstance(f.get("waiting"), list) and
-                        all(isinstance(x, int) for x in f.get("waiting")) else [])
+        w = f.get("waiting")
+        involved.update(w if isinstance(w, list) and all(isinstance(x, int) for x in w) else [])
     others = sorted(involved - set(culprits))
     reasons = {str(r): sorted(set(chosen[r]), key=chosen[r].index) for r in culprits}
     # findings that name no culprit as their own root: work stuck behind the culprits

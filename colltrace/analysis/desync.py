@@ -9,6 +9,8 @@ both sides of a root / non-root branch call (a gather with and without a list) i
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from colltrace.analysis.view import Snapshot, to_int
 from colltrace.model.schema import COMPLETED
 from colltrace.words import frame_text, rank_word
@@ -27,7 +29,7 @@ def _place(rec: dict, own):
 def find(snap: Snapshot) -> list[dict]:
     """One warning per (group, set of places), the first collective number where it was seen."""
     by_coll: dict[tuple, dict[int, dict]] = {}
-    own_frames: dict[int, object] = {}
+    own_frames: dict[int, Callable] = {}
     for rank, view in sorted(snap.ranks.items()):
         own_frames[rank] = view.origins.user_frames   # classified by the rank's recorded roots
         for r in view.records:

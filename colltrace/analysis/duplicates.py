@@ -65,8 +65,8 @@ def find(snap: Snapshot) -> list[Site]:
                 continue
         except (TypeError, ValueError):
             continue
-        view = snap.ranks.get(min(recs))
-        own = view.origins.user_frames if view is not None else (lambda fs: fs or [])
+        first = snap.ranks.get(min(recs))
+        own = first.origins.user_frames if first is not None else (lambda fs: fs or [])
         chain = tuple((f.get("file"), f.get("line")) for f in own(sample.get("frames")))
         key = (group, str(sample.get("op")), chain)
         site = sites.get(key)

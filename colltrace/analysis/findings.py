@@ -60,7 +60,7 @@ def _frame_refs(f: dict) -> None:
               if isinstance(frames[n], dict) and frames[n].get("origin") == "user"), None)
     nxt = frames[i + 1] if i is not None and i + 1 < len(frames) else None
     look["user_frame"] = i
-    look["framework_frame"] = i + 1 if isinstance(nxt, dict) and nxt.get("origin") == "framework" else None
+    look["framework_frame"] = i + 1 if i is not None and isinstance(nxt, dict) and nxt.get("origin") == "framework" else None
 
 
 def _probe_fields(e: dict, entry: dict) -> None:
@@ -91,7 +91,7 @@ class Verdicts:
             if self._settled(mm):   # unsettled ones still keep their key out of deadlocks and stalls
                 made.append(self._mismatch(mm))
         dead = set(dead_causes)
-        settling = set()   # dead alone a moment ago: reported next round, with its consequences
+        settling: set[int] = set()   # dead alone a moment ago: reported next round, with its consequences
         for rank, view in self.snap.ranks.items():
             if view.alone and rank not in dead:   # crashed or killed alone: worth a finding before anyone waits
                 (settling if self._just_died(view) else dead).add(rank)
@@ -121,9 +121,9 @@ class Verdicts:
             behind = set(g.upstream(nodes, seen))
             for n in nodes:
                 behind.update(self.extra_behind.get(n, ()))
-            behind = sorted(behind - own)
-            if behind:
-                f["behind"] = behind
+            after = sorted(behind - own)
+            if after:
+                f["behind"] = after
         out = []
         for f, _, _ in made:
             _frame_refs(f)
@@ -528,7 +528,7 @@ class Verdicts:
         keys = [g.key_at(u) for u in (g.rev[node] if node is not None else []) if g.is_key(u)]
         keys.sort(key=lambda k: (-len(k.waiters), k.name))
         pairs = [(rank, self.entry(rank, where=True))]
-        waiting = []
+        waiting: list[dict] = []
         own = {rank}
         for k in keys:
             rs = sorted({w.rank for w in k.waiters})
@@ -552,6 +552,8 @@ class Verdicts:
                     pairs.append((r, self.entry(r, item["records"][r])))
             del item["records"]
         last = v.last_record()
+        group: str | None
+        seq: int | None
         if keys:
             group, seq, missing = keys[0].group, keys[0].seq, [rank] if rank in keys[0].missing else []
         elif failed:

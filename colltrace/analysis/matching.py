@@ -37,7 +37,7 @@ def _signature(raw: dict) -> tuple:
     dtypes = tuple(str(d) for d in (raw.get("dtypes") or ()))
     redop = raw.get("reduce_op")
     root = raw.get("root")
-    sig = (op, bop, shapes, dtypes, None if redop is None else str(redop), None if root is None else to_int(root))
+    sig: tuple = (op, bop, shapes, dtypes, None if redop is None else str(redop), None if root is None else to_int(root))
     try:
         hash(sig)
     except TypeError:  # a malformed shape (a table, say): compare its text
@@ -101,7 +101,7 @@ def check_collective(snap: Snapshot, group: str, seq: int, at_hand: list[tuple[i
     if not differs:
         return None
     # Classes: ranks alike in the API op and every differing field.
-    classes: dict[tuple, dict] = {}
+    classes: dict[str, dict] = {}
     for sig, ranks in by_sig.items():
         op, bop, shapes, dtypes, redop, root = sig
         proj = {"op": op, "backend_op": bop}

@@ -84,7 +84,7 @@ def arrivals(snap: dict) -> list[Arrival]:
             if rank is None or not isinstance(r, dict) or r.get("p2p") or r.get("op") == "untraced":
                 continue
             t, seq = r.get("entered_at"), r.get("seq")
-            if type(t) not in (int, float) or type(seq) is not int:
+            if not isinstance(t, (int, float)) or isinstance(t, bool) or type(seq) is not int:
                 continue
             seen.setdefault((str(r.get("group")), seq), {})[rank] = (float(t), r.get("frames") or [])
     out = []
@@ -111,7 +111,7 @@ def judge(found: list[Arrival]) -> list[dict]:
     compared: Counter = Counter()
     late: dict[int, dict] = {}
     first_t, last_t = None, None
-    size = {}
+    size: dict[int, int] = {}
     for a in found:
         times = a.times
         first_t = times[0][0] if first_t is None else min(first_t, times[0][0])
@@ -131,7 +131,7 @@ def judge(found: list[Arrival]) -> list[dict]:
         if mine:
             f = mine[-1]
             s["where"][(str(f.get("file")), int(f.get("line") or 0), str(f.get("func")))] += 1
-    span = (last_t - first_t) if first_t is not None else 0.0
+    span = (last_t - first_t) if first_t is not None and last_t is not None else 0.0
     out = []
     for rank, s in late.items():
         of = compared[rank]

@@ -6,6 +6,8 @@ pending records is read lazily, so a 16k-rank snapshot costs about one pass over
 """
 from __future__ import annotations
 
+from typing import Any
+
 import bisect
 
 from colltrace import origins
@@ -69,7 +71,7 @@ class Rec:
         self.entered_at = t if type(t) is float else float(t)
         th = raw.get("thread")
         self.thread = th if type(th) is str else str(th or "")
-        self.key = None  # the wait graph's Key this record waits in
+        self.key: Any = None  # the wait graph's Key this record waits in (analysis/waitgraph.py)
 
     @property
     def per_pair_seq(self) -> bool:
@@ -117,8 +119,8 @@ class RankView:
         self.died_at = float(died) if isinstance(died, (int, float)) and not isinstance(died, bool) else None
         self._entered: dict[str, int] = {}
         self._posted: dict[tuple, int | None] = {}
-        self._last_active = None
-        self._complete = None
+        self._last_active: float | None = None
+        self._complete: bool | None = None
         try:  # the common case, at C speed: every record a dict with a state
             chosen = [r for r in recs if r["state"] != COMPLETED]
         except (KeyError, TypeError):

@@ -40,7 +40,7 @@ class Key:
         self.node = -1
         self.first_entered = 0.0
         self.ready_at = 0.0             # a collective every member entered: when the last one did
-        self.mismatch = None
+        self.mismatch: str | None = None
 
     @property
     def waits_for_ranks(self) -> bool:
@@ -79,6 +79,7 @@ class WaitGraph:
             if view.sink or not view.pending:
                 continue  # crashed or exited: waits for nothing any more
             for r in view.pending:
+                k: Key | None
                 if r.p2p:
                     k = Key(p2p_name(r), r.group, r.seq, True)
                     p2p.append(k)
@@ -106,7 +107,7 @@ class WaitGraph:
             rec = k.waiters[0]
             k.status, k.posted = p2p_status(snap, rec)
             if k.status == "missing":
-                k.missing = [rec.peer]
+                k.missing = [rec.peer] if rec.peer is not None else []
         every = list(coll.values()) + p2p
         for k in every:
             w = k.waiters
@@ -147,7 +148,8 @@ class WaitGraph:
         nothing for stall_s (on NCCL even blocking collectives return at once and the rank
         then blocks in a sync)."""
         settled = self.now - min(SETTLE_S, self.stall_s)
-        waiting, flight = [], []
+        waiting: list = []
+        flight: list = []
         for r in view.pending:
             if r.entered_at <= settled:
                 (waiting if r.state == WAITING else flight).append(r.key)

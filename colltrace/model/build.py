@@ -93,7 +93,7 @@ def host_entry(entry: dict, *, keep_records: int, died_at: float | None, live_st
 
 def groups_of(tables) -> dict[str, dict]:
     """The job's groups from each rank's group table (every rank names a group the same)."""
-    out = {}
+    out: dict[str, dict] = {}
     for table in tables:
         for g in table.values():
             out.setdefault(g["name"], {"name": g["name"], "desc": g["desc"], "ranks": g["ranks"]})
@@ -104,7 +104,7 @@ def from_files(entries: dict, groups: dict, saved: dict | None) -> dict:
     """The post-mortem snapshot: the entries read from the rank files, with what a live view
     saved (snapshot.json: liveness and live stacks) laid over them; taken at the last time
     anything was seen."""
-    snap = empty()
+    snap: dict = dict(empty())
     snap["groups"] = dict(groups)
     snap["ranks"] = dict(entries)
     if saved is not None:
@@ -153,7 +153,7 @@ def job_stall_s(snap: dict) -> float | None:
 
 
 def merge(summaries: list[dict], now: float) -> dict:
-    snap = empty(now)
+    snap: dict = dict(empty(now))
     for s in summaries:
         snap["groups"].update(s.get("groups") or {})
         snap["ranks"].update(s.get("ranks") or {})

@@ -6,6 +6,8 @@ comes from a live watchdog and from `colltrace analyze` on a copied folder.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import os
 import re
 import time
@@ -158,7 +160,7 @@ def seconds(x) -> str:
 
 def exit_text(e: dict) -> str:
     """"died of SIGSEGV", "exited with code 1 (ValueError: bad batch)", "was killed (…)"."""
-    ex = e.get("exit") if isinstance(e.get("exit"), dict) else {}
+    ex: dict = e["exit"] if isinstance(e.get("exit"), dict) else {}
     if e.get("status") == EXITED or e.get("state") == EXITED:
         code = ex.get("code")
         text = f"exited with code {code}" if code is not None else "exited"
@@ -430,7 +432,7 @@ def _unmatched(f: dict) -> str:
     count = f" (it posted {posted} to rank {a} so far)" if isinstance(posted, int) else ""
     text = (f"Unmatched p2p: rank {a} has waited {seconds(f.get('waited_s'))} in {op_phrase(f, e)} at {where(e)}, "
             f"but rank {c} has not posted the matching {want}{count}.")
-    if str(c) in table:
+    if c is not None and str(c) in table:
         text += " " + _cap(_where_instead(f, [int(c)], table[str(c)])) + "."
     text += _activity(f, [int(c)]) if c is not None else ""
     return text + _behind(f)
@@ -450,7 +452,7 @@ def _dead_rank(f: dict) -> str:
     last = f.get("last_collective")
     if isinstance(last, dict) and last.get("op"):
         state = {"waiting": "it died inside it", "in_flight": "still in flight", "completed": "completed",
-                 "failed": "it failed"}.get(last.get("state"), last.get("state"))
+                 "failed": "it failed"}.get(str(last.get("state")), last.get("state"))
         text += (f" Its last collective was {last.get('op')} #{last.get('seq')} on {group_phrase(f, last.get('group'))}"
                  f" at {where(last)} ({state}).")
     waits = f.get("waiting") or []
@@ -729,7 +731,7 @@ def paragraph(finding: dict) -> str:
     """The one-paragraph human summary of a finding (also its "summary" field)."""
     kind = finding.get("kind")
     render = {"mismatch": _mismatch, "deadlock": _deadlock, "stall": _stall, "unmatched_p2p": _unmatched,
-              "dead_rank": _dead_rank, "duplicate_data": _duplicate}.get(kind)
+              "dead_rank": _dead_rank, "duplicate_data": _duplicate}.get(str(kind))
     if render is None:
         body = finding.get("summary") or (f"{kind}: collective #{finding.get('seq')} on group "
                                           f"{(finding.get('group') or {}).get('name')}.")
@@ -920,7 +922,7 @@ ROUTES = {"in-process": "the rank's own thread", "signal": "faulthandler's signa
 def activity_text(rank, e: dict) -> str | None:
     """"rank 0: busy, 8.7 s of CPU in eval.py:40 (long_eval) over the last 9.0 s" and the like."""
     a = e.get("activity") if isinstance(e, dict) else None
-    via = ROUTES.get(e.get("stack_via")) if isinstance(e, dict) else None
+    via = ROUTES.get(str(e.get("stack_via"))) if isinstance(e, dict) else None
     if not isinstance(a, dict):
         return f"rank {rank}: live stack by {via}" if via else None
     at = frame_text(a["at"]) if isinstance(a.get("at"), dict) else where(e)
@@ -969,8 +971,8 @@ def activity_lines(finding: dict, ranks=None) -> str:
 def _activity(finding: dict, ranks) -> str:
     """" Progress: …" for a stall's paragraph, and what it means for COLLTRACE_ON_HANG=abort."""
     table = finding.get("ranks") or {}
-    deaths = [d for r in sorted_ranks(ranks) for d in _thread_death_lines(r, table.get(str(r)) or {})]
-    deaths = "".join(f" {_cap(d)}." for d in deaths)
+    lines = [d for r in sorted_ranks(ranks) for d in _thread_death_lines(r, table.get(str(r)) or {})]
+    deaths = "".join(f" {_cap(d)}." for d in lines)
     text = activity_lines(finding, ranks)
     if not text:
         return deaths
@@ -981,7 +983,7 @@ def _activity(finding: dict, ranks) -> str:
     return f"{deaths} Progress: {text}."
 
 
-def render_warnings(warnings: list[dict]) -> str:
+def render_warnings(warnings: Sequence[dict]) -> str:
     """analysis.desync's warnings (a healthy run's silent desyncs) as text, or ""."""
     if not warnings:
         return ""
@@ -993,7 +995,7 @@ def render_warnings(warnings: list[dict]) -> str:
     return "\n\n".join(lines)
 
 
-def render_verdict(findings: list[dict], warnings: list[dict] = (), stragglers: list[dict] = ()) -> str:
+def render_verdict(findings: list[dict], warnings: Sequence[dict] = (), stragglers: Sequence[dict] = ()) -> str:
     """The whole verdict as `colltrace analyze` prints it and report.txt holds it: the culprits
     first; findings that are only work stuck behind them (NCCL queues a whole step behind one
     stuck rank) are counted, not printed (--json lists every one); then any silent desyncs, then
@@ -1018,7 +1020,7 @@ def render_verdict(findings: list[dict], warnings: list[dict] = (), stragglers: 
     return text
 
 
-def render_stragglers(stragglers: list[dict]) -> str:
+def render_stragglers(stragglers: Sequence[dict]) -> str:
     """One paragraph: who made the others wait, how often, how long, from where. Not a problem
     found: the job ran; it only ran slower."""
     parts = []

@@ -6,10 +6,13 @@ holds that unix time). Slices on one track must nest, so ops that overlap withou
 ops) go to extra tracks of the same thread ("main ·2"); work queued until the end nests.
 A collective that never finished is drawn to the moment the snapshot describes, named
 "… (never completed)" and marked `args.unfinished`. Findings are instant events: one on the
-whole trace, one on each rank it involves, one more on each culprit.
+whole trace, one on each rank it involves, one more on each culprit. A collective every member
+recorded carries each one's arrival lag (`args.lag_ms`, `args.last_to_arrive`), also drawn as an
+"arrival lag (ms)" counter on each rank: a straggler's track stands out.
 """
 from __future__ import annotations
 
+from colltrace.analysis.stragglers import arrivals
 from colltrace.model.schema import COMPLETED, FAILED
 
 PENDING = ("waiting", "in_flight", "queued")
@@ -47,6 +50,15 @@ def build(snap: dict, findings: list[dict], culprits: list[int] | None = None) -
 
     events: list[dict] = []
     culprits = sorted(culprits or [])
+    # Each member's arrival lag behind the first, where every member recorded the collective
+    # (analysis/stragglers.py): on the slice, and as a counter track per rank.
+    lags: dict[tuple, float] = {}
+    last: set[tuple] = set()
+    for a in arrivals(snap):
+        for rank, lag in a.lags().items():
+            lags[(rank, a.group, a.seq)] = lag
+        if a.lag_s > 0:
+            last.add((a.last, a.group, a.seq))
     for rank in sorted(ranks):
         entry = ranks[rank]
         label = f"rank {rank}" + (" (culprit)" if rank in culprits else "")
@@ -93,6 +105,13 @@ def build(snap: dict, findings: list[dict], culprits: list[int] | None = None) -
                 args["unfinished"] = True
             if r.get("error"):
                 args["error"] = r["error"]
+            key = (rank, str(r.get("group")), r.get("seq"))
+            if key in lags:
+                args["lag_ms"] = round(1000 * lags[key], 3)
+                if key in last:
+                    args["last_to_arrive"] = True
+                events.append({"ph": "C", "name": "arrival lag (ms)", "pid": rank, "tid": 0, "ts": us(start),
+                               "args": {"lag": args["lag_ms"]}})
             events.append({"ph": "X", "name": _name(r) + (" (never completed)" if open_ else ""),
                            "cat": "collective" + (",unfinished" if open_ else ""), "pid": rank, "tid": tid,
                            "ts": us(start), "dur": us(end) - us(start), "args": args})
@@ -103,13 +122,13 @@ def build(snap: dict, findings: list[dict], culprits: list[int] | None = None) -
         name = f"{f.get('kind')}: group {(f.get('group') or {}).get('name')} #{f.get('seq')}"
         args = {"summary": f.get("summary", ""), "missing_ranks": f.get("missing_ranks", []), "key": f.get("key")}
         events.append({"ph": "i", "s": "g", "name": name, "cat": "finding", "pid": 0, "tid": 0, "ts": t, "args": args})
-        for r in sorted({int(x) for x in (f.get("ranks") or {})} & set(ranks)):
-            events.append({"ph": "i", "s": "p", "name": name, "cat": "finding", "pid": r, "tid": 0, "ts": t,
+        for who in sorted({int(x) for x in (f.get("ranks") or {})} & set(ranks)):
+            events.append({"ph": "i", "s": "p", "name": name, "cat": "finding", "pid": who, "tid": 0, "ts": t,
                            "args": {"key": f.get("key")}})
-    for r in culprits:
-        if r in ranks:
-            events.append({"ph": "i", "s": "p", "name": "culprit", "cat": "finding", "pid": r, "tid": 0,
-                           "ts": us(taken_at), "args": {"rank": r}})
+    for who in culprits:
+        if who in ranks:
+            events.append({"ph": "i", "s": "p", "name": "culprit", "cat": "finding", "pid": who, "tid": 0,
+                           "ts": us(taken_at), "args": {"rank": who}})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"t0": t0, "taken_at": taken_at, "culprits": culprits,
                           "source": (snap.get("source") or {}).get("kind", "colltrace")}}

@@ -5,22 +5,14 @@ import copy
 from collections import Counter
 
 from fastapi.testclient import TestClient
-from prometheus_client.parser import text_string_to_metric_families
 
 from colltrace.tracefile import reader
 from colltrace_dashboard.app import create_app
 from colltrace_dashboard.feed import Feed
 from colltrace_dashboard.sources import FolderSource, Reading
-from helpers.dashboard import StaticSource, synthetic_snapshot
+from helpers.dashboard import StaticSource, scrape, synthetic_snapshot
 
 
-def scrape(text: str) -> dict:
-    """{sample name: {frozenset(labels): value}} from the exposition text."""
-    out: dict = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out.setdefault(s.name, {})[frozenset(s.labels.items())] = s.value
-    return out
 
 
 def test_metrics_of_a_recorded_deadlock(recorded):

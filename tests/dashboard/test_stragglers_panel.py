@@ -4,12 +4,11 @@ from __future__ import annotations
 import copy
 
 from fastapi.testclient import TestClient
-from prometheus_client.parser import text_string_to_metric_families
 
 from colltrace_dashboard.app import create_app
 from colltrace_dashboard.feed import Feed
 from colltrace_dashboard.sources import Reading
-from helpers.dashboard import StaticSource
+from helpers.dashboard import StaticSource, scrape
 
 LOAD = {"file": "/job/train.py", "line": 88, "func": "load_batch", "origin": "user"}
 
@@ -55,12 +54,6 @@ def test_an_even_job_shows_nobody():
     assert 'id="straggler-none" class="more">Nobody stands out.' in page
 
 
-def scrape(text: str) -> dict:
-    out: dict = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out.setdefault(s.name, {})[frozenset(s.labels.items())] = s.value
-    return out
 
 
 def test_wait_caused_and_arrival_lags_are_counted_once_per_collective():

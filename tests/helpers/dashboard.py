@@ -123,3 +123,15 @@ def clean_env(**extra) -> dict:
 
 def colltrace_cmd(*args) -> list[str]:
     return [sys.executable, "-m", "colltrace.cli", *map(str, args)]
+
+
+def scrape(text: str) -> dict:
+    """/metrics' exposition text, parsed with prometheus-client's own parser: {sample name:
+    {frozenset(labels): value}}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, {})[frozenset(s.labels.items())] = s.value
+    return out

@@ -20,9 +20,16 @@ def analyze(directory):
     return json.loads(out.stdout)
 
 
-def test_the_rank_whose_loading_is_slow_is_named_with_the_line_it_joined_from(gloo_job):
-    # a window of 2 s: the live line is due once a second of collectives has been judged
-    job = gloo_job("late_loader.py", 4, env={"LATE_RANK": "2", "COLLTRACE_STRAGGLER_WINDOW_S": "2"})
+@pytest.fixture(scope="module")
+def jobs(module_gloo_job):
+    """Both jobs at once (each mostly sleeps): one late rank, and the same sleep on every rank.
+    A window of 2 s: the live line is due once a second of collectives has been judged."""
+    return {late: module_gloo_job("late_loader.py", 4, env={"LATE_RANK": late, "COLLTRACE_STRAGGLER_WINDOW_S": "2"})
+            for late in ("2", "all")}
+
+
+def test_the_rank_whose_loading_is_slow_is_named_with_the_line_it_joined_from(jobs):
+    job = jobs["2"]
     assert job.wait(120) == [0, 0, 0, 0], job.stderr(0)
     live = [line for r in range(4) for line in job.stderr(r).splitlines() if "straggler" in line]
     assert len(live) == 1 and live[0].startswith("colltrace: straggler: rank 2 arrived last at "), live
@@ -38,8 +45,8 @@ def test_the_rank_whose_loading_is_slow_is_named_with_the_line_it_joined_from(gl
     assert os.path.basename(top["file"]) == "late_loader.py" and top["func"] == "<module>" and top["share"] > 0.9
 
 
-def test_the_same_sleep_on_every_rank_names_nobody(gloo_job):
-    job = gloo_job("late_loader.py", 4, env={"LATE_RANK": "all", "COLLTRACE_STRAGGLER_WINDOW_S": "2"})
+def test_the_same_sleep_on_every_rank_names_nobody(jobs):
+    job = jobs["all"]
     assert job.wait(120) == [0, 0, 0, 0], job.stderr(0)
     assert [line for r in range(4) for line in job.stderr(r).splitlines() if "straggler" in line] == []
     doc = analyze(job.dir)

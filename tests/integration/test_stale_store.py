@@ -55,7 +55,7 @@ def extra_lines(traced, plain) -> list[str]:
 
 @pytest.mark.parametrize("kind", ["tcp", "file"])
 def test_a_stale_master_port_changes_nothing_for_a_job_with_its_own_store(gloo_job, tmp_path, kind):
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(dead_port())}
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(dead_port()), "STEPS": "15"}
     plain, job = run(gloo_job, tmp_path, kind, env)
     assert [job.stdout(r) for r in range(2)] == [plain.stdout(r) for r in range(2)]
     assert all(job.stdout(r).count("RESULT") == 1 for r in range(2))
@@ -63,8 +63,8 @@ def test_a_stale_master_port_changes_nothing_for_a_job_with_its_own_store(gloo_j
 
 
 # 10 steps: the job ends while the watchdog still tries the store (its thread inside c10d's
-# connect as it exits); 75: it gives up first, and says so.
-@pytest.mark.parametrize("steps", ["10", "75"])
+# connect as it exits); 50: it gives up first, and says so.
+@pytest.mark.parametrize("steps", ["10", "50"])
 def test_a_store_asked_for_that_cannot_be_reached_costs_one_line_and_no_c10d_text(gloo_job, tmp_path, steps):
     env = {"COLLTRACE_STORE": f"127.0.0.1:{dead_port()}", "STEPS": steps}
     plain, job = run(gloo_job, tmp_path, "file", env)

@@ -15,6 +15,7 @@ import uuid
 import pytest
 
 from helpers.jobs import findings, frames_line, loc
+from helpers.procs import stacks_of
 
 pytestmark = pytest.mark.slow
 
@@ -71,16 +72,31 @@ def _remove(hosts) -> None:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)   # takes the veth with it
 
 
-def _torchrun(hosts, host: str, node_rank: int, directory: str, scenario: str, env: dict):
+def _torchrun(hosts, host: str, node_rank: int, directory: str, scenario: str, env: dict, script: str = "scenarios.py"):
     ns, dev, _ = hosts[host]
     e = {k: v for k, v in os.environ.items() if not k.startswith(("COLLTRACE", "TORCH_DISTRIBUTED_DEBUG"))}
     e.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", COLLTRACE="1", COLLTRACE_DIR=directory,
              COLLTRACE_HOST=host, GLOO_SOCKET_IFNAME=dev, **env)
     cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
            "--node-rank", str(node_rank), "--nproc-per-node", "2", "--master-addr", hosts["a"][2],
-           "--master-port", "29517", os.path.join(JOBS, "scenarios.py"), scenario]
+           "--master-port", "29517", os.path.join(JOBS, script), *([scenario] if scenario else [])]
     return subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
+
+
+def _outputs(procs: dict, limit_s: float) -> dict:
+    """Each host's (stdout, stderr) once its torchrun ended; past limit_s, the stacks of the
+    host's processes, then a kill and a failure."""
+    start, outs = time.time(), {}
+    for h, p in procs.items():
+        try:
+            outs[h] = p.communicate(timeout=max(1, limit_s - (time.time() - start)))
+        except subprocess.TimeoutExpired:
+            stacks = stacks_of([p.pid])
+            p.kill()
+            outs[h] = p.communicate()
+            raise AssertionError(f"host {h}'s torchrun still running after {limit_s:.0f} s:\n{outs[h][1][-3000:]}\n{stacks}")
+    return outs
 
 
 def test_a_hang_across_two_hosts_is_named_by_the_leader_and_abort_ends_both(two_hosts, tmp_path):
@@ -89,15 +105,7 @@ def test_a_hang_across_two_hosts_is_named_by_the_leader_and_abort_ends_both(two_
     dirs = {h: str(tmp_path / h) for h in "ab"}
     env = {"COLLTRACE_ON_HANG": "abort", "COLLTRACE_STALL_S": "60"}
     procs = {h: _torchrun(two_hosts, h, i, dirs[h], "deadlock", env) for i, h in enumerate("ab")}
-    start = time.time()
-    outs = {}
-    for h, p in procs.items():
-        try:
-            outs[h] = p.communicate(timeout=max(1, 150 - (time.time() - start)))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            outs[h] = p.communicate()
-            raise AssertionError(f"host {h}'s torchrun still running after 150 s:\n{outs[h][1][-3000:]}")
+    outs = _outputs(procs, 150)
     assert procs["a"].returncode != 0 and procs["b"].returncode != 0, outs
     (f,) = findings(dirs["a"])
     assert f["kind"] == "deadlock" and findings(dirs["b"]) == []
@@ -117,15 +125,8 @@ def test_a_healthy_two_host_job_says_nothing(two_hosts, tmp_path):
     """Traced, a healthy job on two hosts ends as untraced: exit 0, no colltrace line and no
     "Broken pipe" in either host's output."""
     dirs = {h: str(tmp_path / h) for h in "ab"}
-    procs = {h: _torchrun(two_hosts, h, i, dirs[h], "slow_ok", {"SLOW_S": "6"}) for i, h in enumerate("ab")}
-    start, outs = time.time(), {}
-    for h, p in procs.items():
-        try:
-            outs[h] = p.communicate(timeout=max(1, 120 - (time.time() - start)))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            outs[h] = p.communicate()
-            raise AssertionError(f"host {h}'s torchrun still running after 120 s:\n{outs[h][1][-3000:]}")
+    procs = {h: _torchrun(two_hosts, h, i, dirs[h], "slow_ok", {"SLOW_S": "3"}) for i, h in enumerate("ab")}
+    outs = _outputs(procs, 120)
     assert procs["a"].returncode == 0 and procs["b"].returncode == 0, outs
     text = "".join(o + e for o, e in outs.values())
     assert text.count("DONE") == 4
@@ -182,3 +183,17 @@ def test_when_the_leaders_host_dies_another_host_reports(two_hosts, tmp_path):
     lines = [l for l in err.splitlines() if l.startswith("colltrace:")]
     assert lines == ["colltrace: warning: the leader's host (a, ranks 0-1) stopped answering; "
                      "this host's ranks are still watched from their files"], err[-3000:]
+
+
+def test_a_late_rank_on_the_other_host_is_named_live_by_the_leader(two_hosts, tmp_path):
+    """Rank 3, on host b, sleeps 40 ms in its loading before each of 100 all_reduces: the leader on
+    host a names it from the records host b sends through the store (its clock is the same
+    machine's here: the lags are the job's own), and nothing else is said; both jobs end well."""
+    dirs = {h: str(tmp_path / h) for h in "ab"}
+    env = {"LATE_RANK": "3", "STEPS": "100", "COLLTRACE_STRAGGLER_WINDOW_S": "2"}
+    procs = {h: _torchrun(two_hosts, h, i, dirs[h], "", env, script="late_loader.py") for i, h in enumerate("ab")}
+    outs = _outputs(procs, 120)
+    assert procs["a"].returncode == 0 and procs["b"].returncode == 0, outs
+    said = {h: [l for l in outs[h][1].splitlines() if l.startswith("colltrace:")] for h in "ab"}
+    assert said["b"] == [] and len(said["a"]) == 1, said
+    assert said["a"][0].startswith("colltrace: straggler: rank 3 arrived last at ") and "late_loader.py:" in said["a"][0]

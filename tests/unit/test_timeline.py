@@ -46,6 +46,10 @@ def problems(doc) -> list[str]:
         elif ph in ("i", "I"):
             if e.get("s", "t") not in ("g", "p", "t"):
                 out.append(f"{i}: instant scope must be g, p or t")
+        elif ph == "C":   # a counter: each arg a series, its value a number
+            if not e.get("args") or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                            for v in e["args"].values()):
+                out.append(f"{i}: counter event without numeric args")
         else:
             out.append(f"{i}: phase {ph!r} is not used by colltrace")
     for track, ss in slices.items():   # slices of one thread must nest
@@ -131,6 +135,25 @@ def test_overlapping_async_work_goes_to_an_extra_track_of_the_thread():
     tid = {e["name"]: e["tid"] for e in xs(doc)}
     assert tid["all_reduce #1"] == tid["all_reduce #3"] != tid["all_reduce #2"]
     assert {e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"} == {"MainThread", "MainThread ·2"}
+
+
+def test_each_members_arrival_lag_is_on_its_slice_and_on_a_counter_track():
+    from colltrace.reporters import timeline
+
+    def rec(rank, seq, t0):
+        return {"id": seq, "rank": rank, "group": "0", "seq": seq, "op": "all_reduce", "state": "completed",
+                "entered_at": t0, "completed_at": 10.0 + seq + 0.05, "thread": "MainThread", "frames": []}
+    ranks = {str(r): {"rank": r, "records": [rec(r, s, 10.0 + s + (0.04 if r == 2 else 0.001 * r))
+                                             for s in range(1, 4)]} for r in range(3)}
+    snap = {"taken_at": 20.0, "groups": {"0": {"name": "0", "ranks": [0, 1, 2]}}, "ranks": ranks}
+    doc = timeline.build(snap, [])
+    assert problems(doc) == []
+    late = [e["args"] for e in xs(doc) if e["pid"] == 2]
+    assert [a["lag_ms"] for a in late] == [40.0, 40.0, 40.0] and all(a["last_to_arrive"] for a in late)
+    assert [e["args"].get("lag_ms") for e in xs(doc) if e["pid"] == 1] == [1.0, 1.0, 1.0]
+    assert not any(e["args"].get("last_to_arrive") for e in xs(doc) if e["pid"] != 2)
+    counter = [e["args"]["lag"] for e in doc["traceEvents"] if e["ph"] == "C" and e["pid"] == 2]
+    assert counter == [40.0, 40.0, 40.0]
 
 
 def test_the_validator_rejects_what_perfetto_would_not_read():
