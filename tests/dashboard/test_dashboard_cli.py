@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from colltrace import config
+from helpers.cli import env_of_run
 from helpers.dashboard import clean_env, colltrace_cmd
 
 NEEDS = "colltrace: error: the dashboard needs: pip install 'colltrace[dashboard]'"
@@ -108,3 +109,8 @@ def test_with_a_token_from_the_environment(spawn, recorded):
     assert httpx.get(url + "api/view", timeout=10).status_code == 401
     assert httpx.get(url + "api/view", headers={"Authorization": "Bearer t0ken"}, timeout=10).status_code == 200
     assert "t0ken" not in p.output()
+
+
+def test_colltrace_runs_dashboard_flag_sets_the_jobs_variable(monkeypatch):
+    """The settings table's --dashboard row (tests/unit/test_settings_table.py runs the others)."""
+    assert env_of_run(monkeypatch, {"--dashboard": "8765"})["COLLTRACE_DASHBOARD"] == "127.0.0.1:8765"

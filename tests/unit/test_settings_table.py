@@ -8,7 +8,7 @@ import re
 import pytest
 
 from colltrace import config
-from colltrace.cli import build_parser
+from helpers.cli import env_of_run
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 # Read by the pytest plugin, documented with its own options (README, "pytest plugin").
@@ -62,28 +62,13 @@ def test_every_variable_the_code_reads_is_in_the_table():
 
 
 def test_colltrace_run_has_a_flag_for_each_row_with_one_and_sets_its_variable(monkeypatch):
-    from colltrace.commands import run as run_command
-
-    parser = build_parser()
-    flagged = [v for v in config.VARIABLES if v.flag]
-    assert {v.flag for v in flagged} == {"--stall-s", "--on-hang", "--abort-stall-s", "--user-packages",
-                                         "--straggler-share", "--dashboard"}
+    flagged = {v.flag: v.env for v in config.VARIABLES if v.flag}
+    assert set(flagged) == {"--stall-s", "--on-hang", "--abort-stall-s", "--user-packages", "--straggler-share",
+                            "--dashboard"}
+    # --dashboard needs the dashboard's extra: tests/dashboard/test_dashboard_cli.py runs it
     values = {"--stall-s": "7", "--on-hang": "abort", "--abort-stall-s": "9", "--user-packages": "mylib",
-              "--straggler-share": "0.2", "--dashboard": "8765"}
-    args = parser.parse_args(["run"] + [x for v in flagged for x in (v.flag, values[v.flag])])
-    args.job_argv = ["true"]   # what cli.main hands it: the job after --
-    seen = {}
-
-    class Stop(Exception):
-        pass
-
-    def fake_load(env):
-        seen.update(env)
-        raise Stop
-
-    monkeypatch.setattr(config, "load", fake_load)
-    with pytest.raises(Stop):
-        run_command.RunCommand().run(args, parser)
-    assert {v.env: seen.get(v.env) for v in flagged} == {
+              "--straggler-share": "0.2"}
+    seen = env_of_run(monkeypatch, values)
+    assert {flagged[f]: seen.get(flagged[f]) for f in values} == {
         "COLLTRACE_STALL_S": "7.0", "COLLTRACE_ON_HANG": "abort", "COLLTRACE_ABORT_STALL_S": "9.0",
-        "COLLTRACE_USER_PACKAGES": "mylib", "COLLTRACE_STRAGGLER_SHARE": "0.2", "COLLTRACE_DASHBOARD": "127.0.0.1:8765"}
+        "COLLTRACE_USER_PACKAGES": "mylib", "COLLTRACE_STRAGGLER_SHARE": "0.2"}
