@@ -150,7 +150,7 @@ def _compiled_hooks(shim, settings):
 
 def load_compiled(shim) -> None:
     """On any torch, where the compiled path is in use: load build-hooks' module once (its counter
-    and tensor readers serve the compiled path from then on). Called as a group is first described.
+    and tensor readers serve the compiled path from then on). Called as a group is first seen (shim.first_sight).
     Never raises."""
     try:
         settings = _compiled_path_settings(shim)
@@ -291,7 +291,7 @@ def _make_pre(ref, shim):
                 pg = ref()
                 if pg is None:
                     return
-                gs = rec.group_state(pg, shim._describe_group)
+                gs = rec.group_state(pg, shim.first_sight)
                 gs_cache[:] = [rec, gs]
             ins = args.input_tensors
             name = args.name
@@ -344,7 +344,7 @@ def _make_learn(ref, shim):
         pg = ref()
         if pg is None:
             return None
-        gs = rec.group_state(pg, shim._describe_group)
+        gs = rec.group_state(pg, shim.first_sight)
         if gs is None or gs.seq_fn is None:
             return None
         bop = op_name(args.name, len(ins), len(args.output_tensors))

@@ -165,9 +165,16 @@ def _group_attr(pg, attr: str) -> str:
         return ""
 
 
-def _describe_group(pg):
+def first_sight(pg):
+    """A group the recorder sees for the first time (Recorder.group_state's callback): its c10d
+    hooks attached where torch has them, then its description."""
     hooks.load_compiled(sys.modules[__name__])   # build-hooks' module (its readers) where built
     hooks.attach(pg, sys.modules[__name__])   # torch >= 2.14: the native route for what no wrapper sees
+    return _describe_group(pg)
+
+
+def _describe_group(pg):
+    """(name, desc, global ranks, backend, its sequence counter's reader): no side effects."""
     c10d = _c10d
     ranks = list(c10d.get_process_group_ranks(pg))
     try:
@@ -286,7 +293,7 @@ def _make_c10d_wrapper(name, orig):
                         return orig(*args, **kwargs)
                 elif group is _NON_MEMBER:
                     return orig(*args, **kwargs)
-                gs = rec.group_state(group, _describe_group)
+                gs = rec.group_state(group, first_sight)
                 if gs is None:   # a group colltrace cannot describe: its calls pass through untraced
                     return orig(*args, **kwargs)
                 is_async = bool(get_async(args, kwargs)) or kind == "p" and op_name in ("isend", "irecv") or is_batch
@@ -359,7 +366,7 @@ def _make_c10d_wrapper(name, orig):
         weakly, its id); None for a group colltrace cannot describe, or a root given as anything
         but an int (the Python wrapper records it as it is). r, gr: a rooted op's src/dst and
         group_src/group_dst as passed."""
-        gs = rec.group_state(pg, _describe_group)
+        gs = rec.group_state(pg, first_sight)
         if gs is None or gs.seq_fn is None:
             return None
         root = -1
@@ -409,7 +416,7 @@ def _make_coalescing_wrapper(orig):
         ctx = None
         try:
             group = get_group(args, kwargs) or _c10d._world.default_pg
-            gs = rec.group_state(group, _describe_group)
+            gs = rec.group_state(group, first_sight)
             if gs is not None:
                 is_async = bool(get_async(args, kwargs))
                 sig_id = rec.sig_id(("_coalescing_manager", "coalesced", gs.id, (), (), None, -1, -1, is_async))
@@ -454,7 +461,7 @@ def _make_funcol_wrapper(name, orig, resolve_group):
             return orig(*args, **kwargs)
         try:
             pg = resolve_group(get_group(args, kwargs), get_tag(args, kwargs) or "")
-            gs = rec.group_state(pg, _describe_group)
+            gs = rec.group_state(pg, first_sight)
             if gs is None:
                 return orig(*args, **kwargs)
             shapes, dtypes, _ = _describe_tensors(get_tensor(args, kwargs))
@@ -511,10 +518,10 @@ def _ensure_recorder():
                 store = None
             rec = Recorder(settings, c10d.get_rank(), c10d.get_world_size(), str(c10d.get_backend(pg)),
                            job=job_id(store=store))
-            rec.group_state(pg, _describe_group)
+            rec.group_state(pg, first_sight)
             for other in list(c10d._world.pg_names):
                 if other is not pg and other is not None:
-                    rec.group_state(other, _describe_group)
+                    rec.group_state(other, first_sight)
             global _is_compiling, _is_dynamo_compiling
             try:  # resolved here, not at install: install may run while torch is still importing
                 import torch.compiler
@@ -560,7 +567,7 @@ def _make_group_hook(orig):
             if rec is not None and not rec.disabled:
                 pg = args[0] if args else kwargs.get("pg")
                 if pg is not None:
-                    rec.group_state(pg, _describe_group, quiet=True)
+                    rec.group_state(pg, first_sight, quiet=True)
         except Exception:
             pass  # torch fills in the group's ranks after registering it: described at first use
         return result

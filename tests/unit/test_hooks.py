@@ -140,7 +140,7 @@ def _hook_route_records(tmp_path, pure: bool, monkeypatch):
         return "0", "default_pg", [0, 1], "gloo", get_seq
 
     shim = types.ModuleType("fake_shim")
-    shim.recorder, shim._describe_group, shim._state = rec, describe, {"settings": settings}
+    shim.recorder, shim.first_sight, shim._state = rec, describe, {"settings": settings}
     shim._describe_tensors, shim.BACKEND_OVERRIDES, shim._to_global = (
         real_shim._describe_tensors, real_shim.BACKEND_OVERRIDES, real_shim._to_global)
     kinds = {Op.ALLREDUCE: 1, Op.BARRIER: 1, Op.ALLGATHER: 2}   # what hooks._kinds makes of these names
