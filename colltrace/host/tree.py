@@ -20,6 +20,7 @@ that died), and for ranks that are not alive. The root judges only the ranks it 
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -169,8 +170,6 @@ def _template(entry: dict) -> dict:
 def fold(ranks: dict, classes: dict | None = None) -> tuple[dict, dict]:
     """(ranks with every detailed entry as a residue, the classes they name). Entries already
     folded (a child's) and vitals pass as they are; `classes`: a child's, kept."""
-    import hashlib
-
     classes = dict(classes or {})
     out = {}
     for r, e in ranks.items():
