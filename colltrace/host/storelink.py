@@ -126,8 +126,7 @@ def connect(host: str, port: int, timeout_s: float):
     looks up its peer's name on every connect; where the resolver drops a query, that connect
     waits the resolver's timeout (5 s) and fails within a `timeout_s` as short."""
     quiet_c10d()
-    many = MANY_HOSTS_IN_ONE_PROCESS
-    if many:
+    if MANY_HOSTS_IN_ONE_PROCESS:
         return _shared(host, port, timeout_s)
     return _connect(host, port, timeout_s, attempts=1)
 

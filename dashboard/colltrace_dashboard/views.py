@@ -260,9 +260,10 @@ def straggler_view(late) -> dict:
     arrivals = sorted(late.arrivals(), key=lambda a: a.times[0][0])[-STRAGGLER_LAGS:]
     last = Counter(a.last for a in arrivals if a.lag_s > 0)
     shown = [r["rank"] for r in rows] or [r for r, _ in last.most_common(STRAGGLER_ROWS)]
+    per = [a.lags() for a in arrivals]   # each collective's lags, computed once for every row
     lags = []
     for r in shown[:STRAGGLER_ROWS]:
-        ms = [1000 * a.lags()[r] for a in arrivals if r in a.lags()]
+        ms = [1000 * lag[r] for lag in per if r in lag]
         lags.append({"rank": r, "cells": [[round(x, 1), sum(x >= b for b in LAG_CLASSES_MS)] for x in ms]})
     return {"rows": rows, "lags": lags, "window_s": late.window_s}
 
