@@ -14,6 +14,8 @@ hang: every rank but one enters a world all_reduce, the missing one waits in a b
 group of two: a certain deadlock from that instant. --flat: every host publishes to the leader
 directly (the exchange before the tree: fanout larger than the job). --compare: the flat exchange
 first, then the tree, in one run (the last line is the tree's).
+SCALE_LIVE_PROFILE=FILE: the leader's cProfile stats into FILE; SCALE_LIVE_PROFILE_WORKERS=PREFIX:
+each worker's, from the hang on, into PREFIX.PID.
 Last line, exactly:
     scale: N ranks as H hosts: verdict X.XX s after the hang, root CPU Y% of a core, Z MB/s
 (root CPU: the leader's process, its store server included, from the hang until AFTER_S after
@@ -51,6 +53,16 @@ def _median(xs) -> float:
     return xs[len(xs) // 2] if xs else float("nan")
 
 
+def _all_hung(snap: dict, ranks: int) -> bool:
+    """Every rank's entry in the root's view shows it waiting in a collective (the hang's state has
+    reached the root from every host: from here, the verdict is colltrace's own latency)."""
+    got = snap.get("ranks") or {}
+    if len(got) < ranks:
+        return False
+    return all(any((p or {}).get("entered", 0) > (p or {}).get("completed", 0)
+                   for p in (e.get("progress") or {}).values()) for e in got.values())
+
+
 def _job(ranks, t0, hang_at):
     from colltrace.testing import simhosts
 
@@ -69,7 +81,12 @@ def worker(indices, ranks, fan, port, t0, hang_at, ready, done, results, period)
     d = tempfile.mkdtemp(prefix="ct-scale-")
     wds = [simhosts.host_watchdog(job, i, ("127.0.0.1", port), d, sink, fan) for i in indices]
     first, base, rounds = True, None, []
+    prof = None
     while not done.value:
+        if os.environ.get("SCALE_LIVE_PROFILE_WORKERS") and base is not None and prof is None:
+            import cProfile
+            prof = cProfile.Profile()
+            prof.enable()
         start = time.time()
         job.hang_at = hang_at.value or None
         if job.hang_at and base is None:
@@ -86,6 +103,9 @@ def worker(indices, ranks, fan, port, t0, hang_at, ready, done, results, period)
         if base is not None:
             rounds.append(time.time() - start)
         time.sleep(max(0.0, period - (time.time() - start)))
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(f"{os.environ['SCALE_LIVE_PROFILE_WORKERS']}.{os.getpid()}")
     results.put(("traffic", _traffic(wds) - (base or 0), rounds))
 
 
@@ -104,7 +124,7 @@ def root(ranks, fan, port, t0, hang_at, ready, done, results, period) -> None:
         import cProfile
         prof = cProfile.Profile()
         prof.enable()
-    verdict, cpu0, t_cpu0, said, base = None, None, None, False, None
+    verdict, cpu0, t_cpu0, said, base, certain = None, None, None, False, None, None
     while not done.value:
         start = time.time()
         job.hang_at = hang_at.value or None
@@ -116,6 +136,9 @@ def root(ranks, fan, port, t0, hang_at, ready, done, results, period) -> None:
         except Exception as exc:
             print(f"scale_live: leader: {exc!r}", file=sys.stderr)
             new = []
+        view = wd.view()
+        if job.hang_at and certain is None and view is not None and _all_hung(view.snapshot, ranks):
+            certain = time.time() - job.hang_at
         if not said and wd.store.link is not None:
             said = True
             ready.put(1)
@@ -124,7 +147,8 @@ def root(ranks, fan, port, t0, hang_at, ready, done, results, period) -> None:
             text = [f"{f.get('kind')} {f.get('key')}, {len(f.get('ranks') or ())} ranks named" for f in new]
         if verdict is not None and cpu0 not in (None, REPORTED) and time.time() >= job.hang_at + max(verdict, AFTER_S):
             c = me.cpu_times()
-            results.put(("verdict", verdict, (c.user + c.system - cpu0) / (time.time() - t_cpu0), text))
+            results.put(("verdict", verdict, (c.user + c.system - cpu0) / (time.time() - t_cpu0), text,
+                         certain if certain is not None else verdict))
             cpu0 = REPORTED
         time.sleep(max(0.0, period - (time.time() - start)))
     if prof is not None:
@@ -194,7 +218,7 @@ def run(args, flat: bool) -> str | None:
         time.sleep(args.warm)
         hang_at.value = time.time()
         try:
-            kind, verdict, cpu, text = results.get(timeout=args.wait)
+            kind, verdict, cpu, text, certain = results.get(timeout=args.wait)
         except Exception:
             print(f"scale_live: no verdict within {args.wait:.0f} s of the hang", file=sys.stderr)
             return None
@@ -221,6 +245,8 @@ def run(args, flat: bool) -> str | None:
           f"({_median(rounds):.2f} s measured after the hang, the median); all connected in {connected:.1f} s")
     for t in text:
         print("  verdict: " + t.replace("\n", " ")[:300])
+    print(f"  the root's view held every rank's hung state {certain:.2f} s after the hang (the simulated hosts' "
+          f"rounds bring it); the verdict came {verdict - certain:.2f} s after that")
     line = (f"scale: {args.ranks} ranks as {hosts} hosts: verdict {verdict:.2f} s after the hang, "
             f"root CPU {100 * cpu:.0f}% of a core, {traffic / 1e6:.2f} MB/s")
     print(line, flush=True)

@@ -12,17 +12,21 @@ are nobody's).
 
 A rank stands out only when it came last far more often than chance (an even job on a loaded
 machine has every rank last now and then), in enough collectives, and the wait it caused is a
-share of the job's time worth naming. `where`: the user's innermost frame of the late rank's call
-of each collective it came late to (where it called from; where it was while the others waited
-needs a sample of its stack, which these records do not hold), with each frame's share.
+share of the job's time worth naming. `where`: where the late rank was while the others waited,
+from samples of its own stack (tracefile/samples.py: taken only while the watchdog asks, which it
+does for a rank it judged late) that fall in its late windows, from the earliest member's entry to
+its own; the user's innermost frame of each, with its share. Where it has no samples there, the
+call site of its late collectives stands in (`where_from`: "samples" or "calls"). Garbage
+collections in those windows are counted apart (`gc_s`): no sample sees them.
 """
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from colltrace.origins import user_frames
+from colltrace.origins import for_roots, user_frames
 
 NOISE_S = 0.002          # a last arrival this close to the first is nobody's delay
 MIN_COLLECTIVES = 8      # late to at least this many before a rank is named
@@ -97,17 +101,74 @@ def arrivals(snap: dict) -> list[Arrival]:
     return out
 
 
+@dataclass
+class Sampled:
+    """One rank's stack samples (its own clock), oldest first, with their frames' origins, and its
+    garbage collections."""
+    times: list[float] = field(default_factory=list)
+    frames: list[list[dict]] = field(default_factory=list)
+    gcs: list[tuple[float, float]] = field(default_factory=list)
+
+    def add(self, t: float, frames: list[dict]) -> None:
+        i = bisect.bisect_left(self.times, t)
+        if i < len(self.times) and self.times[i] == t:
+            return   # seen in an earlier round
+        self.times.insert(i, t)
+        self.frames.insert(i, frames)
+
+    def add_gc(self, t0: float, t1: float) -> None:
+        if (t0, t1) not in self.gcs:
+            self.gcs.append((t0, t1))
+
+    def forget_before(self, t: float) -> None:
+        i = bisect.bisect_left(self.times, t)
+        del self.times[:i], self.frames[:i]
+        self.gcs = [g for g in self.gcs if g[1] >= t]
+
+    def within(self, t0: float, t1: float) -> list[list[dict]]:
+        return self.frames[bisect.bisect_left(self.times, t0):bisect.bisect_right(self.times, t1)]
+
+    def gc_within(self, t0: float, t1: float) -> float:
+        return sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in self.gcs)
+
+
+def samples_of(snap: dict, into: dict[int, Sampled] | None = None) -> dict[int, Sampled]:
+    """The stack samples the snapshot's entries carry, per rank (added to `into`: the live window
+    keeps what earlier rounds brought). Each stack's frames are classified by the rank's own roots
+    once; what is not a sample is left out."""
+    out = into if into is not None else {}
+    for key, entry in (snap.get("ranks") or {}).items():
+        s = entry.get("samples") if isinstance(entry, dict) else None
+        if not isinstance(s, dict) or not str(entry.get("rank", key)).isdigit():
+            continue
+        stacks = s.get("stacks")
+        if not isinstance(stacks, dict):
+            stacks = {}
+        origins = for_roots(entry.get("roots"))
+        classified = {k: origins.annotate(v) for k, v in stacks.items() if isinstance(v, list)}
+        got = out.setdefault(int(entry.get("rank", key)), Sampled())
+        for v in s.get("at") or ():
+            if isinstance(v, list) and len(v) == 2 and isinstance(v[0], (int, float)) and str(v[1]) in classified:
+                got.add(float(v[0]), classified[str(v[1])])
+        for g in s.get("gc") or ():
+            if isinstance(g, list) and len(g) == 2 and all(isinstance(x, (int, float)) for x in g):
+                got.add_gc(float(g[0]), float(g[1]))
+    return out
+
+
 def find(snap: dict) -> list[dict]:
     """Stragglers of a snapshot (docs/design.md), most wait caused first; [] when nobody stands out.
     Each: {"rank", "waited_for_s", "late_share", "collectives", "of", "lag_s", "where": [{"file",
     "line", "func", "share"}]}: `waited_for_s` sums, over the collectives it came last to, its
     lag behind each other member; `late_share` its lag behind the first arrival, summed, over the
     time the compared collectives span; `collectives` how many it came last to, of `of` compared."""
-    return judge(arrivals(snap))
+    return judge(arrivals(snap), samples_of(snap))
 
 
-def judge(found: list[Arrival]) -> list[dict]:
-    """Stragglers among these collectives (find's result, from arrivals kept over a window)."""
+def judge(found: list[Arrival], sampled: dict[int, Sampled] | None = None) -> list[dict]:
+    """Stragglers among these collectives (find's result, from arrivals kept over a window), with
+    where they were from their stack samples where they have some."""
+    sampled = sampled or {}
     compared: Counter = Counter()
     late: dict[int, dict] = {}
     first_t, last_t = None, None
@@ -123,14 +184,22 @@ def judge(found: list[Arrival]) -> list[dict]:
         if lag < NOISE_S:
             continue
         who = a.last
-        s = late.setdefault(who, {"n": 0, "waited": 0.0, "lag": 0.0, "where": Counter()})
+        s = late.setdefault(who, {"n": 0, "waited": 0.0, "lag": 0.0, "where": Counter(), "seen": Counter(),
+                                  "gc": 0.0})
         s["n"] += 1
         s["lag"] += lag
         s["waited"] += a.waited_s
         mine = user_frames(a.frames.get(who) or [])
         if mine:
-            f = mine[-1]
-            s["where"][(str(f.get("file")), int(f.get("line") or 0), str(f.get("func")))] += 1
+            s["where"][_site(mine[-1])] += 1
+        got = sampled.get(who)
+        if got is not None:   # its own clock: the window ends at its own entry
+            t = a.times[-1][0]
+            for frames in got.within(t - lag, t):
+                inner = user_frames(frames)
+                if inner:
+                    s["seen"][_site(inner[-1])] += 1
+            s["gc"] += got.gc_within(t - lag, t)
     span = (last_t - first_t) if first_t is not None and last_t is not None else 0.0
     out = []
     for rank, s in late.items():
@@ -138,10 +207,18 @@ def judge(found: list[Arrival]) -> list[dict]:
         share = s["lag"] / span if span > 0 else 0.0
         if s["n"] < MIN_COLLECTIVES or s["n"] < _last_share_needed(size[rank], of) * of or share < LATE_SHARE:
             continue
-        total = sum(s["where"].values())
+        sites = s["seen"] or s["where"]
+        total = sum(sites.values())
         where = [{"file": file, "line": line, "func": func, "share": round(n / total, 3)}
-                 for (file, line, func), n in s["where"].most_common(MAX_WHERE)]
+                 for (file, line, func), n in sites.most_common(MAX_WHERE)]
         out.append({"rank": rank, "waited_for_s": round(s["waited"], 3), "late_share": round(min(share, 1.0), 3),
-                    "collectives": s["n"], "of": of, "lag_s": round(s["lag"] / s["n"], 4), "where": where})
+                    "collectives": s["n"], "of": of, "lag_s": round(s["lag"] / s["n"], 4), "where": where,
+                    "where_from": "samples" if s["seen"] else "calls", "samples": sum(s["seen"].values()),
+                    "gc_s": round(s["gc"], 4)})
     out.sort(key=lambda x: (-x["waited_for_s"], x["rank"]))
     return out
+
+
+def _site(f: dict) -> tuple[str, int, str]:
+    return str(f.get("file")), int(f.get("line") or 0), str(f.get("func"))
+

@@ -8,7 +8,7 @@ from colltrace.tracefile import reader
 
 
 def _where(frames, roots=None) -> str:
-    from colltrace.reporters.text import located
+    from colltrace.reporters.locations import located
 
     return located(frames, roots) or ""
 
@@ -70,7 +70,7 @@ class DumpCommand:
             out = {"ranks": ranks}
             if problems:
                 out["unreadable"] = problems
-            json.dump(out, sys.stdout, default=str)
+            sys.stdout.write(json.dumps(out, default=str))
             sys.stdout.write("\n")
         else:
             roots = {str(tr.rank): tr.meta.get("roots") for tr in traces}

@@ -31,7 +31,7 @@ class ExportCommand:
         tmp = args.perfetto + ".tmp"
         try:
             with open(tmp, "w") as f:
-                json.dump(doc, f, default=str)
+                f.write(json.dumps(doc, default=str))
             os.replace(tmp, args.perfetto)
         except OSError as exc:
             raise UsageError(f"{args.perfetto}: cannot be written ({exc.strerror or exc})") from None

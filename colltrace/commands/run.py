@@ -89,7 +89,8 @@ class RunCommand:
 def _verdict_again(watchdog) -> str:
     """After the job's own output (the launcher's report last): the verdict's first sentence
     once more, and, when colltrace ended the ranks, that the launcher's SIGKILL report is that."""
-    from colltrace.reporters.text import clock, headline
+    from colltrace.reporters.phrases import clock
+    from colltrace.reporters.text import headline
 
     ending = watchdog.on_hang.ending
     standing = [f for f in watchdog.findings if not f.get("superseded_by")]

@@ -15,7 +15,8 @@ import time
 
 from colltrace.analysis import HANG_KINDS
 from colltrace.host import probes
-from colltrace.reporters.text import format_ranks, not_taken_note
+from colltrace.reporters.phrases import not_taken_note
+from colltrace.words import format_ranks
 from colltrace.tracefile import endings
 
 ABORT_DUMP_S = 0.5    # abort: the stack dumps get this long, all at once, then the ranks are ended

@@ -13,6 +13,7 @@ from colltrace.analysis import stragglers
 LOOK_EVERY_S = 0.5     # the records a summary carries span about 64 collectives: read them this often
 JUDGE_EVERY_S = 2.0
 REPEAT_S = 300.0       # a rank still late is said again after this long, not every round
+SAMPLES_GRACE_S = 2 * JUDGE_EVERY_S   # a straggler's line waits this long for its stack samples
 
 
 class Latecomers:
@@ -26,7 +27,9 @@ class Latecomers:
         self._looked = 0.0
         self._judged = 0.0
         self._said: dict[int, float] = {}
+        self._sampling_since: dict[int, float] = {}   # rank -> when it was first judged late (its samples asked)
         self.current: list[dict] = []     # the stragglers of the window, as judged last
+        self.sampled: dict[int, stragglers.Sampled] = {}   # their stack samples over the window
         self.new: list[stragglers.Arrival] = []   # the collectives the last look added
 
     def look(self, snap: dict, now: float) -> list[stragglers.Arrival]:
@@ -36,6 +39,9 @@ class Latecomers:
         if now - self._looked < LOOK_EVERY_S:
             return self.new
         self._looked = now
+        stragglers.samples_of(snap, into=self.sampled)
+        for got in self.sampled.values():
+            got.forget_before(now - self.window_s)
         for a in stragglers.arrivals(snap):
             key = (a.group, a.seq)
             have = self._arrivals.get(key)
@@ -47,6 +53,11 @@ class Latecomers:
             del self._arrivals[k]
         return self.new
 
+    def to_sample(self) -> set[int]:
+        """The ranks whose stacks the leader asks their hosts to sample: those judged late now
+        (nobody while nobody is)."""
+        return {int(s["rank"]) for s in self.current}
+
     def arrivals(self) -> list[stragglers.Arrival]:
         """The collectives in the window."""
         return list(self._arrivals.values())
@@ -57,7 +68,11 @@ class Latecomers:
             return []
         self._judged = now
         kept = list(self._arrivals.values())
-        self.current = stragglers.judge(kept)
+        self.current = stragglers.judge(kept, self.sampled)
+        for r in [r for r in self._sampling_since if r not in self.to_sample()]:
+            del self._sampling_since[r]
+        for r in self.to_sample():
+            self._sampling_since.setdefault(r, now)
         if not kept:
             return []
         span = max(a.times[-1][0] for a in kept) - min(a.times[0][0] for a in kept)
@@ -65,7 +80,10 @@ class Latecomers:
             return []
         due = []
         for s in self.current:
-            if s["late_share"] >= self.share and now - self._said.get(s["rank"], -REPEAT_S) >= REPEAT_S:
+            # Said once its samples say where it is (asked for at its first judging), or once they
+            # had their time and did not come (a rank that cannot sample): the call site then.
+            waited = s.get("where_from") == "samples" or now - self._sampling_since[s["rank"]] >= SAMPLES_GRACE_S
+            if waited and s["late_share"] >= self.share and now - self._said.get(s["rank"], -REPEAT_S) >= REPEAT_S:
                 self._said[s["rank"]] = now
                 due.append(dict(s, window_s=round(span, 1)))
         return due

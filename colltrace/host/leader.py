@@ -9,7 +9,7 @@ import time
 
 from colltrace.host import meeting, storelink, tree
 from colltrace.model.build import compact_entry
-from colltrace.reporters.text import format_ranks
+from colltrace.words import format_ranks
 
 STORE_RETRY_S = 5.0
 LEADER_POLL_S = 0.5          # how often another host looks for the leader's announced address
@@ -276,6 +276,21 @@ class Exchange:
         took over, its own server."""
         return self.below if self.took_over else self.link
 
+    @property
+    def judges_all(self) -> bool:
+        """The leader judges every rank in full each round (a job of up to DETAIL_ALL_RANKS ranks)."""
+        return self._every
+
+    @property
+    def suspected_groups(self) -> set[str]:
+        """On a large job: the groups whose members the root has asked for in full (tree.Suspicion)."""
+        return self._suspicion.groups
+
+    @property
+    def sample_wanted(self) -> set[int]:
+        """The ranks the leader last asked every host to have sampled (this host asks its own)."""
+        return set(self._want["sample"])
+
     def judgeable(self, snap: dict) -> dict | None:
         """The leader: what it judges this round. A small job: all of it. A large one: the ranks
         it has in full, once every member of the groups it asked for is there (else None)."""
@@ -285,19 +300,22 @@ class Exchange:
             return None
         return tree.judged(snap, self._suspicion.groups, snap.get("taken_at") or time.time())
 
-    def want(self, wanted: set[int], snap: dict | None = None, now: float | None = None) -> None:
+    def want(self, wanted: set[int], snap: dict | None = None, now: float | None = None,
+             parts: list[dict] | None = None, sample: set[int] = frozenset()) -> None:
         """The leader: the ranks whose live stacks it needs from the hosts that hold them, and, on
-        a job of more than DETAIL_ALL_RANKS ranks, the groups whose members it needs in full."""
+        a job of more than DETAIL_ALL_RANKS ranks, the groups whose members it needs in full.
+        parts: the summaries snap merged (tree.Suspicion reuses what it counted of the unchanged).
+        sample: the ranks whose stacks their hosts have sampled (stragglers: host/latecomers.py)."""
         groups: set[str] = set()
         if snap is not None:
             self._every = len(snap["ranks"]) <= tree.DETAIL_ALL_RANKS
             if not self._every:
-                groups = self._suspicion.update(snap, now if now is not None else time.time())
-        key = (frozenset(wanted), frozenset(groups), self._every)
+                groups = self._suspicion.update(snap, now if now is not None else time.time(), parts)
+        key = (frozenset(wanted), frozenset(groups), self._every, frozenset(sample))
         top = self._top
         if top is not None and key != self._wanted:
             try:
-                top.set_wanted_stacks(wanted, groups, self._every)
+                top.set_wanted_stacks(wanted, groups, self._every, sample)
                 self._wanted = key
             except storelink.StoreError as exc:
                 self.down(exc)

@@ -7,7 +7,7 @@ import time
 
 from colltrace.host import probes
 from colltrace.model import build
-from colltrace.tracefile import asks, reader
+from colltrace.tracefile import asks, reader, samples
 
 SUMMARY_RECORDS = 64          # recent records per rank sent to the analysis (open ones always)
 STACK_REFRESH_S = 1.0       # a suspect's stack is sampled this often: progress over time
@@ -50,6 +50,7 @@ class NodeView:
         self.first_seen = time.time()
         self.replaced: set[int] = set()   # ranks whose files a later job in this folder took over
         self._ignored_files: dict[int, int] = {}   # rank -> inode of the other job's ring file
+        self._samples_asked: dict[int, float] = {}  # rank -> when it was last asked for stack samples
 
     def discover(self) -> None:
         try:
@@ -105,7 +106,7 @@ class NodeView:
     def entry(self, rank: int) -> dict:
         tr = self.traces[rank]
         act = self.activity.get(rank)
-        return build.host_entry(tr.snapshot_entry(), keep_records=SUMMARY_RECORDS, died_at=self.died_at.get(rank),
+        return build.host_entry(tr.snapshot_entry(samples_since=time.time() - samples.SEND_S), keep_records=SUMMARY_RECORDS, died_at=self.died_at.get(rank),
                                 live_stack=self.live_stacks.get(rank), last_event_t=tr.last_event_t,
                                 activity=act.classify() if act is not None and act.procs else None)
 
@@ -165,6 +166,20 @@ class NodeView:
             if act is None or act.since < tr.last_event_t:
                 act = self.activity[rank] = probes.Activity(now)
             act.add_process(probes.sample_process(tr.meta.get("pid")))
+
+    def ask_samples(self, ranks) -> None:
+        """Ask those of these ranks that are this host's to sample their own stacks (stragglers);
+        asked again before a request's time runs out, for as long as the leader wants it."""
+        now = time.time()
+        for rank in ranks:
+            if rank not in self.traces or rank in self.died_at:
+                continue
+            if now - self._samples_asked.get(rank, 0.0) >= samples.ASK_FOR_S / 2:
+                try:
+                    samples.ask(self.dir, rank)
+                    self._samples_asked[rank] = now
+                except OSError:   # a full folder: no samples, the call site stands in
+                    pass
 
     def host_name(self) -> str | None:
         """This host's name as its ranks recorded it (the watchdog may be started without one)."""

@@ -90,15 +90,18 @@ def host_index(environ=os.environ) -> tuple[int, int] | None:
 # ---- what a subtree summary carries ------------------------------------------------------------
 
 def want_of(raw) -> dict:
-    """The root's `want`, read leniently: {"stacks": set, "groups": set, "all": bool}. A plain
+    """The root's `want`, read leniently: {"stacks": set, "groups": set, "all": bool, "sample": set}
+    ("sample": the ranks whose hosts ask them for stack samples: stragglers). A plain
     list (what a leader wrote before the tree) is the stacks it wants, and everything in full."""
     if isinstance(raw, list):
-        return {"stacks": {int(r) for r in raw if isinstance(r, int) or str(r).isdigit()}, "groups": set(), "all": True}
+        return {"stacks": {int(r) for r in raw if isinstance(r, int) or str(r).isdigit()}, "groups": set(), "all": True,
+                "sample": set()}
     if not isinstance(raw, dict):
-        return {"stacks": set(), "groups": set(), "all": True}
+        return {"stacks": set(), "groups": set(), "all": True, "sample": set()}
     stacks = {int(r) for r in raw.get("stacks") or [] if isinstance(r, int) or str(r).isdigit()}
     groups = {str(g) for g in raw.get("groups") or []}
-    return {"stacks": stacks, "groups": groups, "all": bool(raw.get("all", True))}
+    sample = {int(r) for r in raw.get("sample") or [] if isinstance(r, int) or str(r).isdigit()}
+    return {"stacks": stacks, "groups": groups, "all": bool(raw.get("all", True)), "sample": sample}
 
 
 def want_from(raw: bytes | None) -> dict:
@@ -246,33 +249,26 @@ class Suspicion:
     def __init__(self):
         self._seen: dict[str, tuple] = {}    # group -> (its numbers, since when unmoved)
         self.groups: set[str] = set()
+        self._tallies: dict[int, tuple] = {}  # id(a summary's ranks table) -> (the table, its tally)
 
-    def update(self, snap: dict, now: float) -> set[str]:
-        lo_done: dict[str, int] = {}
-        hi_entered: dict[str, int] = {}
-        dead: set[str] = set()
-        pending: set[str] = set()
-        stuck: set[str] = set()
-        for e in snap["ranks"].values():
-            if not isinstance(e, dict):
-                continue
-            prog = e.get("progress") or {}
-            if e.get("status") not in (ALIVE, UNKNOWN):
-                dead.update(prog)
-            for g, p in prog.items():
-                if not isinstance(p, dict):
-                    continue
-                ent, done = p.get("entered") or 0, p.get("completed") or 0
-                if ent > hi_entered.get(g, -1):
-                    hi_entered[g] = ent
-                if done < lo_done.get(g, 1 << 62):
-                    lo_done[g] = done
-            if detailed(e):
-                for r in e.get("records") or ():
-                    if r.get("state") in PENDING and r.get("group") is not None:
-                        pending.add(str(r["group"]))
-                        if now - (r.get("entered_at") or now) >= SUSPECT_AFTER_S:
-                            stuck.add(str(r["group"]))
+    def update(self, snap: dict, now: float, parts: list[dict] | None = None) -> set[str]:
+        """parts: the summaries snap merged, where the caller has them. A summary whose bytes did
+        not change since the last round keeps its ranks table (host/storelink.py), whose tally is
+        then reused: the root's round costs per host that changed, not per rank."""
+        tallies = None
+        if parts is not None and sum(len(p.get("ranks") or ()) for p in parts) == len(snap["ranks"]):
+            tallies, keep = [], {}
+            for p in parts:   # no rank twice (a stale copy of a lost leader's): their sum is the merge
+                table = p.get("ranks") or {}
+                have = self._tallies.get(id(table))
+                if have is None or have[0] is not table:
+                    have = (table, _tally(table))
+                keep[id(table)] = have
+                tallies.append(have[1])
+            self._tallies = keep
+        hi_entered, lo_done, dead, pending, since = _combine(tallies if tallies is not None
+                                                             else [_tally(snap["ranks"])])
+        stuck = {g for g, t in since.items() if now - t >= SUSPECT_AFTER_S}
         waiting = set()
         for g, hi in hi_entered.items():
             sig = (hi, lo_done.get(g, 0))
@@ -290,6 +286,61 @@ class Suspicion:
         if self.groups:
             self.groups |= pending
         return self.groups
+
+
+def _tally(ranks: dict) -> tuple:
+    """One ranks table, counted: per group its highest entered and lowest completed number, the
+    groups of ranks not alive, the groups of pending records and, per group, the earliest entry
+    among its pending records (which `now` turns into "stuck")."""
+    hi_entered: dict[str, int] = {}
+    lo_done: dict[str, int] = {}
+    dead: set[str] = set()
+    pending: set[str] = set()
+    since: dict[str, float] = {}
+    for e in ranks.values():
+        if not isinstance(e, dict):
+            continue
+        prog = e.get("progress") or {}
+        if e.get("status") not in (ALIVE, UNKNOWN):
+            dead.update(prog)
+        for g, p in prog.items():
+            if not isinstance(p, dict):
+                continue
+            ent, done = p.get("entered") or 0, p.get("completed") or 0
+            if ent > hi_entered.get(g, -1):
+                hi_entered[g] = ent
+            if done < lo_done.get(g, 1 << 62):
+                lo_done[g] = done
+        if detailed(e):
+            for r in e.get("records") or ():
+                if r.get("state") in PENDING and r.get("group") is not None:
+                    g = str(r["group"])
+                    pending.add(g)
+                    t = r.get("entered_at")
+                    if isinstance(t, (int, float)) and t and t < since.get(g, float("inf")):
+                        since[g] = t
+    return hi_entered, lo_done, dead, pending, since
+
+
+def _combine(tallies: list[tuple]) -> tuple:
+    hi_entered: dict[str, int] = {}
+    lo_done: dict[str, int] = {}
+    dead: set[str] = set()
+    pending: set[str] = set()
+    since: dict[str, float] = {}
+    for hi, lo, d, p, s in tallies:
+        for g, v in hi.items():
+            if v > hi_entered.get(g, -1):
+                hi_entered[g] = v
+        for g, v in lo.items():
+            if v < lo_done.get(g, 1 << 62):
+                lo_done[g] = v
+        dead |= d
+        pending |= p
+        for g, t in s.items():
+            if t < since.get(g, float("inf")):
+                since[g] = t
+    return hi_entered, lo_done, dead, pending, since
 
 
 def judged(snap: dict, groups: set[str], now: float) -> dict | None:

@@ -25,10 +25,13 @@ from colltrace.host.nodeview import NodeView, process_gone
 from colltrace.host.outputs import Outputs
 from colltrace.host.tree import DETAIL_ALL_RANKS
 from colltrace.model.build import merge, suspects
-from colltrace.reporters.text import activity_lines, render_straggler_line, summarize
+from colltrace.reporters.activity import activity_lines
+from colltrace.reporters.stragglers import render_straggler_line
+from colltrace.reporters.text import summarize
 
 CERTAIN_KINDS = ("deadlock", "mismatch", "dead_rank")   # what a stall can turn into
 SUPERSEDABLE = ("stall", "unmatched_p2p")
+REJUDGE_S = 0.5               # a large job's unchanged input is analyzed again this often (SETTLE_S's and the death's wait fit)
 WATCHDOG_NICE = 10            # scheduling priority of the watchdog's threads (0 = the ranks')
 
 
@@ -83,6 +86,7 @@ class Watchdog:
         self.findings: list[dict] = []      # every finding reported, in order
         self._states: dict[str, dict] = {}  # finding key -> its missing ranks' activity states, last said
         self._view: View | None = None
+        self._last_judged: tuple | None = None   # (when, its input's key, the findings): Watchdog._judge
         self._subscribers: list = []
         self._start_dashboard = start_dashboard
         self.dashboard = None              # COLLTRACE_DASHBOARD: its server once started (False: failed or none)
@@ -131,7 +135,10 @@ class Watchdog:
         snap = merge([summary] + others, now)
         if self.leader:
             wanted = suspects(snap, now)
-            self.store.want(wanted, snap, now)
+            self.store.want(wanted, snap, now, parts=[summary] + others, sample=self.latecomers.to_sample())
+        sample = self.latecomers.to_sample() if self.leader else self.store.sample_wanted
+        if sample:
+            self.node.ask_samples(sample)   # its own stragglers sample themselves (tracefile/samples.py)
         local = {r for r in self.node.traces if r in wanted}   # its own few, not every rank wanted
         self.node.sample(local)
         if local:
@@ -150,7 +157,7 @@ class Watchdog:
         if judged is None:
             self._publish(snap, list(self.findings), [], now)
             return []
-        findings = summarize(analyze(judged, stall_s=self.settings.stall_s, now=now))
+        findings = self._judge(judged, summary, others, now)
         if self.settings.dashboard and self.dashboard is None and (self.store.store_address is None or 0 in self.node.traces):
             self.dashboard = False   # on the host of rank 0 only, once; its imports take a second: off this loop
             threading.Thread(target=self.serve_dashboard, name="colltrace-dashboard-start", daemon=True).start()
@@ -171,6 +178,25 @@ class Watchdog:
             self.store.report_hang(why)   # the other hosts act on it too
             self.on_hang.act(why, key)
         return new
+
+    def _judge(self, judged: dict, summary: dict, others: list[dict], now: float) -> list[dict]:
+        """The analysis of this round's snapshot. On a large job (judged from vitals) whose input
+        did not change since the last analysis (every other host's summary the same table: host/
+        storelink.py keeps it while its bytes do not change; this host's ranks the same), the
+        last findings stand for REJUDGE_S: at 16,384 ranks an analysis costs the root 60 ms, which
+        every round would make most of its CPU. Only time can change them then (a wait growing past
+        a threshold, all of them at least REJUDGE_S long), so they come at most that late."""
+        key = None
+        if not self.store.judges_all:
+            own = {r: {k: v for k, v in e.items() if k != "heartbeat"} for r, e in summary["ranks"].items()}
+            key = (repr(sorted(own.items())), [o["ranks"] for o in others], frozenset(self.store.suspected_groups))
+            last = self._last_judged
+            if (last is not None and now - last[0] < REJUDGE_S and last[1][0] == key[0] and last[1][2] == key[2]
+                    and len(last[1][1]) == len(key[1]) and all(a is b for a, b in zip(last[1][1], key[1]))):
+                return last[2]
+        findings = summarize(analyze(judged, stall_s=self.settings.stall_s, now=now))
+        self._last_judged = (now, key, findings) if key is not None else None
+        return findings
 
     def _supersede(self, new: list[dict], findings: list[dict]) -> None:
         """A stall (or unmatched p2p op) reported earlier that has now turned into something

@@ -28,7 +28,7 @@ def unreadable_entry(rank: int, error: str) -> dict:
 
 def rank_entry(rank: int, meta: dict, status: str, exit_info, *, heartbeat, progress: dict, records: list,
                lost_slots: int = 0, roots_ok: bool = False, digests: bool = False, untraced=None,
-               fault=None, exception=None, thread_exceptions=None, batches=None) -> dict:
+               fault=None, exception=None, thread_exceptions=None, batches=None, samples=None) -> dict:
     """One rank's entry from what its files say (tracefile/reader.py reads them)."""
     entry = {
         "rank": rank, "pid": meta.get("pid"), "host": meta.get("host"), "job": meta.get("job"),
@@ -61,6 +61,8 @@ def rank_entry(rank: int, meta: dict, status: str, exit_info, *, heartbeat, prog
         entry["thread_exceptions"] = thread_exceptions
     if batches:
         entry["batches"] = batches   # sampled inputs of its data-parallel models (tracefile/batchlog.py)
+    if samples:
+        entry["samples"] = samples   # its stack while the others waited for it (tracefile/samples.py)
     return entry
 
 

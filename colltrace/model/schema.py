@@ -76,6 +76,20 @@ class RankEntry(TypedDict, total=False):
     stack: Optional[list]
     stack_at: Optional[float]
     fault: Optional[dict]
+    job: Optional[str]
+    lost_slots: int             # ring slots overwritten before they were read
+    stall_s: Optional[float]    # the rank's own COLLTRACE_STALL_S
+    roots: dict                 # where its torch, stdlib and packages are (origins.py)
+    digests: bool               # some record carries an input digest
+    untraced: list              # entered without colltrace seeing it (the Flight Recorder's entries)
+    exception: dict             # the exception its main thread died of
+    thread_exceptions: list     # other threads' exceptions
+    batches: dict               # sampled inputs of its data-parallel models
+    samples: dict               # its stack while others waited for it: {"stacks", "at", "gc", "cpu"}
+    stack_via: str              # how its live stack was taken
+    stack_errors: dict          # why the other routes to its stack failed
+    activity: dict              # progressing, blocked in I/O or frozen (host/probes.py)
+    vital: bool                 # a large job's vitals only (host/tree.py)
 
 
 class Snapshot(TypedDict):

@@ -17,7 +17,7 @@ import time
 import traceback
 import weakref
 
-from colltrace.rank import fastpath, flightrecorder
+from colltrace.rank import fastpath, flightrecorder, sampler
 from colltrace import origins
 from colltrace.tracefile import asks, ringfile, storage
 from colltrace.tracefile.ringfile import COMPLETE, ENTER, F_DONE, F_P2P, FAIL, RETURN, UNTRACED
@@ -145,6 +145,7 @@ class Recorder:
         self.ring.heartbeat(_time())
         self._flight_recorder = flightrecorder.Responder(d, rank)
         self._stack_responder = asks.StackResponder(d, rank)
+        self._sampler = sampler.Sampler(d, rank)   # where it is while others wait, when the watchdog asks
         self._poller = threading.Thread(target=self._poll_loop, name="colltrace-poller", daemon=True)
         self._poller.start()
 
@@ -224,6 +225,9 @@ class Recorder:
             self.ring.heartbeat(_time())
             self.defs.write({"k": "exit", "t": _time(), "clean": True})
         self._stop.set()
+        sampling = getattr(self, "_sampler", None)
+        if sampling is not None:   # as the poller below: not left sampling into finalization
+            sampling.stop()
         # The poller is a daemon thread: left running into interpreter finalization, a torch call
         # it is in (one that released the GIL through pybind11) ends it with pthread_exit from a
         # noexcept destructor, and the process aborts ("terminate called without an active
@@ -238,6 +242,8 @@ class Recorder:
             return
         self.disabled = True
         self._stop.set()
+        if getattr(self, "_sampler", None) is not None:
+            self._sampler.stop(wait=False)   # its burst ends within a sample's period
         # Nothing polls the works any more: let go of them now, not at interpreter exit, where
         # the last reference to a gloo work may be dropped as the interpreter shuts down.
         with self._pending_lock:
@@ -401,6 +407,7 @@ class Recorder:
                 self._drain_pending()
                 self._flight_recorder.poll()   # a watchdog's request for the Flight Recorder
                 self._stack_responder.poll()   # a watchdog's request for this rank's stacks
+                self._sampler.poll()           # ... for samples of its stack (a straggler)
             except OSError as exc:   # its answer could not be written: the folder is full
                 self._storage_error(exc)
                 return

@@ -253,7 +253,7 @@ class TestGuard:
                         pass
             if _kill_tree(p) and rank not in finished:
                 self.ended[rank] = pid
-        from colltrace.reporters.text import format_ranks
+        from colltrace.words import format_ranks
 
         kind = self.findings[0].get("kind", "hang") if self.findings else "hang"
         self.log.write(f"colltrace: {kind}: ended ranks {format_ranks(self.ended) or '(none left)'}\n")
@@ -314,7 +314,9 @@ class TestGuard:
     # -- what to show ---------------------------------------------------------------------------
     def verdict(self) -> str:
         """Every finding's paragraph and stack classes, what was ended, where the files are."""
-        from colltrace.reporters.text import paragraph, rank_word, render_stack_classes
+        from colltrace.reporters.stacks import render_stack_classes
+        from colltrace.reporters.text import paragraph
+        from colltrace.words import rank_word
 
         blocks = []
         for f in list(self.findings):

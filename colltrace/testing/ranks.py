@@ -206,7 +206,7 @@ class RankRunner:
         return f"exited with code {code} before the test finished"
 
     def summary(self, skip=()) -> str:
-        from colltrace.reporters.text import rank_word
+        from colltrace.words import rank_word
 
         by_state: dict[str, list[int]] = {}
         for r in range(self.n):

@@ -112,6 +112,9 @@ class SimNode:
     def sample(self, ranks) -> None:
         pass
 
+    def ask_samples(self, ranks) -> None:
+        pass
+
     def refresh_stacks(self, ranks, native=False, force=False) -> None:
         pass
 

@@ -12,7 +12,7 @@ import os
 import re
 
 from colltrace import origins
-from colltrace.tracefile import asks, batchlog, endings, ringfile
+from colltrace.tracefile import asks, batchlog, endings, ringfile, samples
 from colltrace.tracefile.ringfile import COMPLETE, ENTER, F_ASYNC, F_DIGEST, F_DONE, F_P2P, FAIL, RETURN, UNTRACED
 from colltrace.errors import InputError
 from colltrace.model import build, schema
@@ -102,6 +102,7 @@ class RankTrace:
         self.last_event_t = 0.0   # time of the newest slot read: a live stack older than it is stale
         self.digests = False   # some record carries an input digest (COLLTRACE_DIGEST)
         self.batches = batchlog.BatchLog()   # sampled inputs of data-parallel models
+        self.samples = samples.SampleLog(base + ".samples.jsonl")   # its stack while others waited for it
         self._untraced = 0
 
     # -- definitions ----------------------------------------------------------------------
@@ -170,6 +171,7 @@ class RankTrace:
         except (OSError, ringfile.RingFormatError) as exc:
             self.error = str(exc)
             return 0
+        self.samples.poll()
         for s in slots:
             self._apply_slot(s)
         if slots:
@@ -336,7 +338,9 @@ class RankTrace:
             return "dead", endings.exit_info(ended)   # colltrace ended it (COLLTRACE_ON_HANG=abort)
         return "unknown", None
 
-    def snapshot_entry(self) -> dict:
+    def snapshot_entry(self, samples_since: float | None = None) -> dict:
+        """samples_since: the stack samples taken from then on (the live exchange sends the newest
+        few seconds each round); None: every sample kept."""
         # A rank whose tracing stepped aside (its folder filled up) runs on unseen: judged as
         # unreadable, never as dead or stuck at its last record. `dump` still shows its records.
         error = self.error or (self.ring.stopped and "tracing stopped on this rank (its trace folder is full)")
@@ -349,7 +353,7 @@ class RankTrace:
             records=self.all_records(), lost_slots=self.ring.lost, roots_ok=origins.valid_roots(self.meta.get("roots")),
             digests=self.digests, untraced=asks.untraced_since(self.flight_recorder(), progress),
             fault=self.fault(), exception=self.exception, thread_exceptions=self.thread_exceptions,
-            batches=self.batches.entry(self.frames))
+            batches=self.batches.entry(self.frames), samples=self.samples.entry(samples_since))
 
 
 def job_stall_s(snap: dict, default: float | None = None) -> float:

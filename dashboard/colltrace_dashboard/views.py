@@ -11,8 +11,9 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from colltrace.reporters import text as report
-from colltrace.reporters.text import format_ranks, frame_text, located, short_ranks
+from colltrace.reporters import phrases, stacks, text as report
+from colltrace.reporters.locations import located
+from colltrace.words import format_ranks, frame_text, short_ranks
 from colltrace.model.schema import UNREADABLE, WAITING
 
 MAX_RANK_CLASSES = 40      # rows of the rank view; the rest are counted
@@ -54,7 +55,7 @@ def _int_ranks(table: dict) -> list[tuple[int, dict]]:
 def _stack_classes(finding: dict) -> tuple[list[dict], str | None]:
     """The finding's stack classes, from the reporter's data (the CLI's text is rendered from
     the same rows): [{"ranks", "stack"}], and the "N more classes" note."""
-    rows, more = report.stack_classes(finding)
+    rows, more = stacks.stack_classes(finding)
     note = f"{more['classes']} more classes ({more['ranks']} ranks)" if more else None
     return [{"ranks": row["ranks_text"], "stack": row["stack"]} for row in rows], note
 
@@ -104,7 +105,7 @@ def rank_state(entry: dict, now: float) -> dict:
     if status == UNREADABLE:
         out["where"] = str(entry.get("error") or "unreadable")
     # how it ended: "ended by colltrace (abort: deadlock) at 14:37:17", "died of SIGSEGV", ...
-    out["ending"] = report.exit_text(entry) if status in GONE else None
+    out["ending"] = phrases.exit_text(entry) if status in GONE else None
     return out
 
 

@@ -22,7 +22,7 @@ def publish(port: int, t: float) -> None:
     """What one node's watchdog writes: a summary of its ranks, and the leader's findings."""
     snap = synthetic_snapshot(8)
     link = storelink.StoreLink("127.0.0.1", port)
-    link.publish_node({"host": "node0", "t": t, "groups": snap["groups"], "ranks": snap["ranks"]})
+    link.publish_node({"host": "node0", "t": t, "groups": snap["groups"], "ranks": snap["ranks"]}, confirm=True)
     link.publish_findings([{"kind": "stall", "key": "stall:0:1", "summary": "reported by the leader"}])
 
 

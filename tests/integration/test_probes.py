@@ -9,7 +9,7 @@ import time
 
 from colltrace.host import probes
 from colltrace.tracefile import asks
-from colltrace.reporters import text as report
+from colltrace.reporters import activity as report
 
 EVAL = {"file": "/job/eval.py", "line": 40, "func": "long_eval"}
 NAP = {"file": "/job/train.py", "line": 12, "func": "nap"}

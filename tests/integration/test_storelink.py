@@ -26,9 +26,9 @@ def summary(host, ranks):
 def test_leader_reads_every_other_node(store):
     a = storelink.StoreLink("127.0.0.1", store.port)
     b = storelink.StoreLink("127.0.0.1", store.port)
-    a.publish_node(summary("a", [0, 1]))
-    b.publish_node(summary("b", [2, 3]))
-    b.publish_node(summary("b", [2, 3]))  # republishing reuses the node's key
+    a.publish_node(summary("a", [0, 1]), confirm=True)
+    b.publish_node(summary("b", [2, 3]), confirm=True)
+    b.publish_node(summary("b", [2, 3]), confirm=True)  # republishing reuses the node's key
     others = a.node_summaries(skip=a.node_index)
     assert [s["host"] for s in others] == ["b"] and sorted(others[0]["ranks"]) == ["2", "3"]
     assert len(a.node_summaries()) == 2
@@ -36,7 +36,7 @@ def test_leader_reads_every_other_node(store):
 
 def test_a_bad_value_hides_nothing_else(store):
     a = storelink.StoreLink("127.0.0.1", store.port)
-    a.publish_node(summary("a", [0]))
+    a.publish_node(summary("a", [0]), confirm=True)
     store.add(storelink.PREFIX + "nodes", 1)
     store.set(storelink.PREFIX + "node/2", b"\x00not zlib")
     store.add(storelink.PREFIX + "nodes", 1)     # a node registered, its key not written yet
@@ -58,7 +58,7 @@ def test_hang_and_wanted_stacks_round_trip(store):
 
 
 def test_dump_from_store_writes_a_snapshot(store, tmp_path):
-    storelink.StoreLink("127.0.0.1", store.port).publish_node(summary("a", [0, 1]))
+    storelink.StoreLink("127.0.0.1", store.port).publish_node(summary("a", [0, 1]), confirm=True)
     out = subprocess.run([sys.executable, "-m", "colltrace.cli", "dump", str(tmp_path / "snap"), "--from-store",
                           f"127.0.0.1:{store.port}"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -108,14 +108,14 @@ def test_a_hung_nodes_summary_is_written_and_decoded_once_its_heartbeats_stay_fr
     s = summary("a", [0, 1])
     for t in (1.0, 2.0, 3.0):   # a hung node: only its time and heartbeats move
         s = dict(s, t=t, ranks={r: dict(e, heartbeat=t + 0.5) for r, e in s["ranks"].items()})
-        node.publish_node(s)
+        node.publish_node(s, confirm=True)
         (got,) = leader.node_summaries()
         assert got["t"] == t and {e["heartbeat"] for e in got["ranks"].values()} == {t + 0.5}
         assert got["groups"]["0"]["ranks"] == [0, 1, 2, 3]
     assert len(leader._decoded) == 1
     first = leader._decoded[f"{storelink.PREFIX}node/1"][1]
     s["ranks"]["1"]["status"] = "dead"   # a real change is read
-    node.publish_node(s)
+    node.publish_node(s, confirm=True)
     (got,) = leader.node_summaries()
     assert got["ranks"]["1"]["status"] == "dead" and leader._decoded[f"{storelink.PREFIX}node/1"][1] is not first
 
@@ -130,8 +130,8 @@ def test_the_leader_meets_on_its_own_server_and_takes_its_one_key_back(store, tm
     mp.announce()
     assert sorted(store.list_keys()) == sorted(before + [meeting.LEADER_KEY])
     assert meeting.find_leader("127.0.0.1", store.port) == mp.address
-    storelink.StoreLink(*meeting.find_leader("127.0.0.1", store.port)).publish_node(summary("b", [2, 3]))
-    storelink.StoreLink(*mp.address).publish_node(summary("a", [0, 1]))
+    storelink.StoreLink(*meeting.find_leader("127.0.0.1", store.port)).publish_node(summary("b", [2, 3]), confirm=True)
+    storelink.StoreLink(*mp.address).publish_node(summary("a", [0, 1]), confirm=True)
     assert sorted(store.list_keys()) == sorted(before + [meeting.LEADER_KEY])
     out = subprocess.run([sys.executable, "-m", "colltrace.cli", "dump", str(tmp_path / "snap"), "--from-store",
                           f"127.0.0.1:{store.port}"], capture_output=True, text=True, timeout=60)

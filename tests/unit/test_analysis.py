@@ -14,7 +14,8 @@ import pytest
 from colltrace import analysis, origins
 from colltrace.analysis import HANG_KINDS
 from colltrace.reporters.text import render_report, summarize
-from colltrace.reporters import text as report_mod
+from colltrace.reporters import locations, stacks, text as report_mod
+from colltrace.words import format_ranks
 
 T = 1_000.0            # when the stuck collectives were entered
 STALL = 30.0
@@ -655,7 +656,7 @@ def test_untraced_collectives_just_before_a_stall_are_mentioned():
 
 def test_text_of_an_unknown_kind_and_of_a_bare_finding_does_not_fail():
     assert "weird" in report_mod.paragraph({"kind": "weird", "seq": 3, "group": {"name": "0"}})
-    assert report_mod.render_stack_classes({"kind": "stall"}) == ""
+    assert stacks.render_stack_classes({"kind": "stall"}) == ""
     assert "problem" in render_report([{"kind": "stall", "ranks": {"x": 1}}])
 
 
@@ -708,7 +709,7 @@ def test_findings_survive_a_json_round_trip_for_the_text():
     f = analyze(seed_story().snap(), STALL, T + 2)[0]
     g = json.loads(json.dumps(f))
     assert report_mod.paragraph(g) == f["summary"]
-    assert report_mod.render_stack_classes(g) == report_mod.render_stack_classes(f)
+    assert stacks.render_stack_classes(g) == stacks.render_stack_classes(f)
 
 
 def test_the_analyzer_says_facts_and_the_reporter_the_words():
@@ -726,22 +727,22 @@ def test_the_analyzer_says_facts_and_the_reporter_the_words():
     ([0, 1, 2, 3, 5, 7, 8], "0-3,5,7-8"), ([], ""), ([4], "4"), ([3, 1, 2, 2], "1-3"), ([0, 2, 4], "0,2,4"),
 ])
 def test_format_ranks(ranks, text):
-    assert report_mod.format_ranks(ranks) == text
+    assert format_ranks(ranks) == text
 
 
 def test_user_location_skips_torch_colltrace_and_stdlib_frames():
     mark = origins.Origins(ROOTS).annotate
-    assert report_mod.user_location(mark(frames("checkpoint.py:302", "save"))) == "checkpoint.py:302 (save)"
+    assert locations.user_location(mark(frames("checkpoint.py:302", "save"))) == "checkpoint.py:302 (save)"
     ctypes_frame = {"file": "/usr/lib/python3.11/ctypes/__init__.py", "line": 519, "func": "string_at"}
     lib_frame = {"file": "/venv/lib/python3.11/site-packages/lightning/strategy.py", "line": 7, "func": "barrier"}
-    assert report_mod.user_location(mark(frames("model.py:41", "crash")[:2] + [ctypes_frame])) == "model.py:41 (crash)"
+    assert locations.user_location(mark(frames("model.py:41", "crash")[:2] + [ctypes_frame])) == "model.py:41 (crash)"
     # through a framework: the user's line first, then the framework's call it went through
-    assert (report_mod.user_location(mark(frames("model.py:41")[:2] + [lib_frame, TORCH]))
+    assert (locations.user_location(mark(frames("model.py:41")[:2] + [lib_frame, TORCH]))
             == "model.py:41 (f) calling lightning.barrier() (strategy.py:7)")
-    assert (report_mod.user_location(mark([lib_frame, TORCH]))
+    assert (locations.user_location(mark([lib_frame, TORCH]))
             == "lightning's strategy.py:7 (barrier) (no frame of your code on the stack)")
-    assert report_mod.user_location(mark([TORCH])) == "distributed_c10d.py:4000 (barrier) (no frame of your code on the stack)"
-    assert report_mod.user_location([]) is None
+    assert locations.user_location(mark([TORCH])) == "distributed_c10d.py:4000 (barrier) (no frame of your code on the stack)"
+    assert locations.user_location([]) is None
 
 
 @pytest.mark.parametrize("home", ["/home/u/colltrace", "/home/u/torch", "/home/u/lib/python3.11", "/srv/lib/python3"])
@@ -760,7 +761,7 @@ def test_a_project_in_a_folder_named_like_torch_colltrace_or_lib_is_the_users(ho
 
 def test_stack_classes_group_ranks_with_the_same_stack_into_ranges():
     f = analyze(seed_story().snap(), STALL, T + 2)[0]
-    text = report_mod.render_stack_classes(f)
+    text = stacks.render_stack_classes(f)
     lines = text.splitlines()
     row = next(line for line in lines if "ranks 0-6:" in line)
     assert "checkpoint.py:302 (save)" in row and "barrier #5" in row and "train.py:900 (main)" in row

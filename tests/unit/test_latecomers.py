@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from colltrace.host import latecomers
 from colltrace.host.latecomers import Latecomers
-from colltrace.reporters.text import render_straggler_line
+from colltrace.reporters.stragglers import render_straggler_line
 
 LOOP = {"file": "/job/train.py", "line": 88, "func": "load_batch", "origin": "user"}
 
@@ -58,3 +58,35 @@ def test_each_collective_is_counted_once_however_often_it_is_seen():
     assert len(first) == 64 and again == []
     more = watch.look(snap_at(11.0, 2), 11.0 + latecomers.LOOK_EVERY_S)
     assert [a.seq for a in more] == list(range(100, 110))
+
+
+DATA = {"file": "/job/data.py", "line": 41, "func": "read_shard"}
+
+
+def test_a_late_rank_is_asked_for_samples_and_its_line_says_where_they_found_it():
+    watch = Latecomers(share=0.1, window_s=4.0)
+    assert watch.to_sample() == set()
+    said, asked_at = [], None
+    t = 1.0
+    while t < 12.0 and not said:
+        snap = snap_at(t, 2)
+        if watch.to_sample() == {2}:
+            asked_at = asked_at or t
+            # its host sends the newest samples: the rank was in read_shard 20 ms into each wait
+            at = [[s * 0.1 + 0.02, 1] for s in range(int(asked_at / 0.1), int(t / 0.1))]
+            snap["ranks"]["2"]["samples"] = {"stacks": {"1": [DATA]}, "at": at[-50:], "gc": []}
+        said += watch.update(snap, t)
+        t += 0.1
+    assert asked_at is not None and said, "asked, then said"
+    [s] = said
+    assert s["where_from"] == "samples" and s["where"][0]["func"] == "read_shard"
+    assert "while they waited it was at data.py:41 (read_shard) in 100 %" in render_straggler_line(s)
+
+
+def test_a_rank_that_sends_no_samples_is_said_with_its_call_site_after_the_grace():
+    watch = Latecomers(share=0.1, window_s=4.0)
+    said = run(watch, 2, 1.0, 12.0)
+    [(t, s)] = said
+    first_judged = 1.0 + 2 * latecomers.JUDGE_EVERY_S   # enough collectives, then the grace for samples
+    assert t >= first_judged and s["where_from"] == "calls"
+    assert "it called them from train.py:88 (load_batch)" in render_straggler_line(s)

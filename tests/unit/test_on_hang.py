@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from colltrace.host import actions, probes
-from colltrace.reporters import text
+from colltrace.reporters import phrases, text
 from colltrace.tracefile import endings
 
 
@@ -107,7 +107,7 @@ def test_unreadable_ending_files_are_skipped(tmp_path):
 def test_the_ending_is_told_as_it_happened():
     at = time.mktime((2026, 11, 25, 14, 37, 17, 0, 0, -1))
     e = {"state": "dead", "status": "dead", "exit": endings.exit_info({"why": "deadlock", "at": at})}
-    assert text.exit_text(e) == "ended by colltrace (abort: deadlock) at 14:37:17"
+    assert phrases.exit_text(e) == "ended by colltrace (abort: deadlock) at 14:37:17"
     f = {"kind": "deadlock", "cycle": [{"group": "0", "waiting": [0], "missing": [1]}],
          "ranks": {"0": dict(e), "1": dict(e)}, "waited_s": 3.0}
     paragraph = text.paragraph(f)

@@ -6,7 +6,7 @@ import os
 import random
 
 from colltrace.analysis import stragglers
-from colltrace.reporters.text import render_stragglers
+from colltrace.reporters.stragglers import render_stragglers
 from helpers.cli import run_cli
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures")
@@ -99,3 +99,58 @@ def test_analyze_json_always_has_a_stragglers_list():
         r = run_cli("analyze", os.path.join(FIXTURES, folder), "--json")
         assert r.returncode in (0, 1), r.stderr
         assert json.loads(r.stdout)["stragglers"] == [], folder
+
+
+LOAD = {"file": "/job/data.py", "line": 41, "func": "load_batch"}
+SLEEP_IN_STDLIB = {"file": "/usr/lib/python3.11/selectors.py", "line": 468, "func": "select"}
+
+
+def with_samples(snap, rank, samples, gcs=()):
+    """The rank's entry carries stack samples (tracefile/samples.py's entry): [(t, frames)]."""
+    stacks, at = {}, []
+    for t, frames in samples:
+        key = str(stacks.setdefault(json.dumps(frames), len(stacks) + 1))
+        at.append([t, int(key)])
+    snap["ranks"][str(rank)]["samples"] = {"stacks": {str(i): json.loads(f) for f, i in stacks.items()},
+                                           "at": at, "gc": [list(g) for g in gcs]}
+    snap["ranks"][str(rank)]["roots"] = {"stdlib": ["/usr/lib/python3.11/"]}
+    return snap
+
+
+def test_where_the_late_rank_was_while_the_others_waited_comes_from_its_samples():
+    snap = job(4, 100, lambda r, s: 0.040 if r == 2 else 0.0)
+    samples = []
+    for s in range(100):
+        start = 1000.0 + s * 0.1
+        samples.append((start - 0.020, [LOOP]))                      # before the others arrived: not a wait
+        samples.append((start + 0.015, [LOOP, LOAD]))                # while they waited: loading
+        samples.append((start + 0.035, [LOOP, LOAD, SLEEP_IN_STDLIB]))   # ... in the stdlib: its user frame
+        if s % 4 == 0:
+            samples.append((start + 0.025, [EVAL]))
+    snap = with_samples(snap, 2, samples, gcs=[(1000.0 + s * 0.1 + 0.001, 1000.0 + s * 0.1 + 0.006) for s in range(10)])
+    [s] = stragglers.find(snap)
+    assert s["rank"] == 2 and s["where_from"] == "samples" and s["samples"] == 225
+    assert [(w["func"], w["share"]) for w in s["where"]] == [("load_batch", 0.889), ("evaluate", 0.111)]
+    assert s["gc_s"] == 0.05   # ten 5 ms collections inside its late windows, counted apart
+    text = render_stragglers([s])
+    assert "while they waited it was at data.py:41 (load_batch) in 89 %, train.py:120 (evaluate) in 11 % of 225 samples" in text
+    assert "garbage collection held it 50 ms" in text
+
+
+def test_without_samples_in_its_late_windows_the_call_site_stands_in():
+    snap = with_samples(job(4, 100, lambda r, s: 0.040 if r == 2 else 0.0), 2,
+                        [(1000.0 + s * 0.1 + 0.060, [LOAD]) for s in range(100)])   # after it arrived: no wait
+    [s] = stragglers.find(snap)
+    assert s["where_from"] == "calls" and s["samples"] == 0 and s["where"][0]["func"] == "train_step"
+    assert "it called them from train.py:88 (train_step)" in render_stragglers([s])
+
+
+def test_odd_samples_are_passed_over():
+    snap = job(4, 100, lambda r, s: 0.040 if r == 2 else 0.0)
+    snap["ranks"]["2"]["samples"] = {"stacks": {"1": [LOAD], "2": "x"}, "at": [[1000.02, 1], [1000.02], ["t", 1],
+                                                                          [1000.12, 2], [1000.22, 9], 7],
+                                     "gc": [[1], "y", [1000.0, 1000.03]]}
+    snap["ranks"]["1"]["samples"] = "nothing"
+    [s] = stragglers.find(snap)
+    assert s["samples"] == 1 and s["where"] == [{"file": "/job/data.py", "line": 41, "func": "load_batch", "share": 1.0}]
+    assert s["gc_s"] == 0.03

@@ -65,6 +65,28 @@ def test_the_root_asks_for_a_stuck_group_at_once_and_forgets_it_once_it_moves():
     assert fresh.update(moved, 12.0) == set()
 
 
+def test_counted_per_host_the_root_asks_for_what_counting_every_rank_asks_for():
+    """The root reuses the tally of a host whose summary did not change (the same ranks table):
+    round by round, through the healthy job, the hang and its details, it asks for the same
+    groups as counting the merged ranks anew, and a host's changed table is counted again."""
+    job = simhosts.Job(64, t0=0.0, hang_at=10.0)
+    whole, per_host = tree.Suspicion(), tree.Suspicion()
+    tables: dict = {}
+    for now in (5.0, 9.9, 10.2, 10.4, 10.8, 11.0, 11.5, 12.0):
+        parts = []
+        for i in range(1, 9):
+            entries = {r: e if now >= 10.8 else tree.vital(e) for r, e in _entries(job, i, now).items()}
+            if tables.get(i) != entries:   # a host publishes a new table only when it changed
+                tables[i] = entries
+            parts.append({"ranks": tables[i]})
+        snap = {"groups": {}, "ranks": {r: e for p in parts for r, e in p["ranks"].items()}}
+        assert per_host.update(snap, now, parts) == whole.update(snap, now), now
+    assert {"0", simhosts.PAIR} <= per_host.groups
+    # a rank twice (a lost leader's stale copy): the parts do not add up, the merge is counted
+    twice = parts + [{"ranks": {"0": parts[0]["ranks"]["0"]}}]
+    assert per_host.update(snap, 12.5, twice) == whole.update(snap, 12.5)
+
+
 def test_the_root_judges_only_when_every_member_of_a_wanted_group_is_in_full():
     job = simhosts.Job(16, t0=0.0, hang_at=10.0)
     groups = {**job.groups(1), **job.groups(2)}

@@ -1,0 +1,119 @@
+"""Where in the code: a frame list to the user's own line (and the framework call it made), and
+findings' ranks grouped by where they are.
+
+Frames carry their origin ("user", "framework" with its "package", "internal"), set by the
+analyzer from the rank's recorded roots (colltrace/origins.py); a frame without one is the user's."""
+from __future__ import annotations
+
+import os
+
+from colltrace.model.schema import UNKNOWN
+from colltrace.origins import FRAMEWORK, USER, for_roots, origin_of
+from colltrace.words import frame_text, rank_word, sorted_ranks
+
+
+def _is_user(f) -> bool:
+    return type(f) is dict and origin_of(f) == USER
+
+
+def api_text(f: dict) -> str:
+    """A framework's function the user called: "lightning.barrier() (ddp.py:300)"."""
+    name = os.path.basename(str(f.get("file") or "?").replace("\\", "/")) or "?"
+    return f"{f.get('package') or 'a library'}.{f.get('func') or '?'}() ({name}:{f.get('line', '?')})"
+
+
+def innermost_user(frames) -> int | None:
+    if not isinstance(frames, list):
+        return None
+    for i in range(len(frames) - 1, -1, -1):
+        if _is_user(frames[i]):
+            return i
+    return None
+
+
+def via_frame(frames, i: int) -> dict | None:
+    """The framework call the user's frame i went through (the next frame in, if a framework's)."""
+    nxt = frames[i + 1] if i + 1 < len(frames) else None
+    return nxt if type(nxt) is dict and nxt.get("origin") == FRAMEWORK else None
+
+
+def user_location(frames) -> str | None:
+    """The user's innermost own frame, "basename:line (func)", with the framework call it went
+    through: "model.py:42 (training_step) calling lightning.barrier() (ddp.py:300)". Without
+    any frame of the user's: the innermost framework frame (else the innermost frame), saying
+    so. None without frames."""
+    if not frames or not isinstance(frames, list):
+        return None
+    i = innermost_user(frames)
+    if i is not None:
+        text = frame_text(frames[i])
+        via = via_frame(frames, i)
+        return f"{text} calling {api_text(via)}" if via else text
+    fw = next((f for f in reversed(frames) if type(f) is dict and f.get("origin") == FRAMEWORK), None)
+    if fw is not None:
+        return f"{fw.get('package') or 'a library'}'s {frame_text(fw)} (no frame of your code on the stack)"
+    last = frames[-1]
+    return f"{frame_text(last)} (no frame of your code on the stack)" if isinstance(last, dict) else None
+
+
+def located(frames, roots) -> str | None:
+    """user_location of frames straight from a trace (no origins marked yet), classified
+    against the rank's recorded roots (colltrace/origins.py)."""
+    if not frames or not isinstance(frames, list) or (type(frames[-1]) is dict and "origin" in frames[-1]):
+        return user_location(frames)
+    return user_location(for_roots(roots).annotate(frames))
+
+
+def call_site(frames) -> str | None:
+    """user_location plus where it is called from, when the call sits in a helper of the user's:
+    "distributed.py:57 (gather_batch), called from train.py:100 (serve_teacher)". The caller is
+    the nearest frame in another file (the way into the helper's module), else the direct one."""
+    loc = user_location(frames)
+    i = innermost_user(frames)
+    if not loc or i is None:
+        return loc
+    # the user's frames calling straight into it (a framework's loop in between is no caller)
+    chain = []
+    j = i - 1
+    while j >= 0 and _is_user(frames[j]):
+        chain.append(frames[j])
+        j -= 1
+    if chain:
+        inner = frames[i].get("file")
+        caller = next((f for f in chain if f.get("file") != inner), chain[0])
+        loc += f", called from {frame_text(caller)}"
+    return loc
+
+
+def where(entry: dict) -> str:
+    return user_location(entry.get("frames")) or "an unknown place (no frames recorded)"
+
+
+def classes(finding: dict, ranks, key=None) -> list[tuple[list[int], dict]]:
+    """Ranks grouped by what they do and where: [(ranks, a sample entry)], by first rank."""
+    table = finding.get("ranks") or {}
+    key = key or (lambda e: (e.get("state"), e.get("op"), e.get("group"), e.get("seq"), e.get("peer"), where(e)))
+    groups: dict = {}
+    unknown = {"state": UNKNOWN}
+    for r in sorted_ranks(ranks):
+        e = table.get(str(r)) or unknown
+        k = key(e)
+        c = groups.get(k)
+        if c is None:
+            groups[k] = ([r], e)
+        else:
+            c[0].append(r)
+    return sorted(groups.values(), key=lambda c: c[0][0])
+
+
+def locations_text(finding: dict, ranks) -> str:
+    """"checkpoint.py:302 (save)" or "a.py:1 (f) (ranks 0-3), b.py:2 (g) (ranks 4-6)"."""
+    cs = classes(finding, ranks, key=lambda e: where(e))
+    if not cs:
+        return "an unknown place"
+    if len(cs) == 1:
+        return where(cs[0][1])
+    shown = [f"{where(e)} ({rank_word(rs)})" for rs, e in cs[:4]]
+    if len(cs) > 4:
+        shown.append(f"{len(cs) - 4} more places")
+    return ", ".join(shown)

@@ -1,0 +1,171 @@
+"""The small words every finding's text is made of: groups and ops, times, exits, how many
+(verbs agreeing with their ranks), a message's first line."""
+from __future__ import annotations
+
+import re
+import time
+
+from colltrace.model.schema import EXITED
+from colltrace.words import rank_word, short_ranks, sorted_ranks
+
+
+PENDING_STATES = ("waiting", "in_flight")
+
+
+_CPP_LOCATION = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|cu|h|hpp):\d+\] ")
+
+
+def capitalized(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def verb_for(ranks, singular: str, plural: str) -> str:
+    return singular if len(set(ranks or ())) == 1 else plural
+
+
+def _group(finding: dict, name) -> dict | None:
+    table = finding.get("groups") or {}
+    g = table.get(str(name))
+    if g is None:
+        main = finding.get("group")
+        if isinstance(main, dict) and str(main.get("name")) == str(name):
+            g = main
+    return g if isinstance(g, dict) else None
+
+
+def group_phrase(finding: dict, name) -> str:
+    """"group 0 (default_pg, ranks 0-7)"."""
+    g = _group(finding, name)
+    if not g:
+        return f"group {name}"
+    bits = [b for b in (g.get("desc"), f"ranks {short_ranks(g.get('ranks'))}" if g.get("ranks") else "") if b]
+    return f"group {name} ({', '.join(bits)})" if bits else f"group {name}"
+
+
+def direction_word(e: dict) -> str:
+    op = str(e.get("op") or "")
+    backend = str(e.get("backend_op") or op)
+    if backend == "batch_p2p":
+        return "with"
+    return "to" if backend == "send" or op in ("send", "isend", "send_object_list") else "from"
+
+
+def op_phrase(finding: dict, e: dict, full_group: bool = True) -> str:
+    """"barrier #5 on group 0 (default_pg, ranks 0-7)" or "recv from rank 3 (#2 between them) on group 0"."""
+    op = e.get("op") or "?"
+    grp = group_phrase(finding, e.get("group")) if full_group else f"group {e.get('group')}"
+    if e.get("p2p") and e.get("peer") is not None:
+        return f"{op} {direction_word(e)} rank {e['peer']} (#{e.get('seq')} between them) on {grp}"
+    return f"{op} #{e.get('seq')} on {grp}"
+
+
+def seconds(x) -> str:
+    try:
+        return f"{float(x):.1f} s"
+    except (TypeError, ValueError):
+        return "? s"
+
+
+def exit_text(e: dict) -> str:
+    """"died of SIGSEGV", "exited with code 1 (ValueError: bad batch)", "was killed (…)"."""
+    ex: dict = e["exit"] if isinstance(e.get("exit"), dict) else {}
+    if e.get("status") == EXITED or e.get("state") == EXITED:
+        code = ex.get("code")
+        text = f"exited with code {code}" if code is not None else "exited"
+        if ex.get("exception"):
+            text += f" ({ex['exception']})"
+        return text
+    if ex.get("signal"):
+        return f"died of {ex['signal']}" + (" at interpreter exit, after its program had finished" if ex.get("at_exit") else "")
+    if ex.get("ended_by") == "colltrace":
+        return f"ended by colltrace (abort: {ex.get('why')}) at {clock(ex.get('at'))}"
+    return "vanished (no exit record: killed by SIGKILL/SIGTERM, or died in native code)"
+
+
+def clock(t) -> str:
+    """A unix time as the local HH:MM:SS a person compares with the job's own log."""
+    try:
+        return time.strftime("%H:%M:%S", time.localtime(float(t)))
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "?"
+
+
+def _ended_by_colltrace(e: dict) -> bool:
+    return isinstance(e.get("exit"), dict) and e["exit"].get("ended_by") == "colltrace"
+
+
+def died_since(f: dict, dead: list[int], still: str = "") -> str:
+    """" Ranks 0-2 have died since." — or, for the ranks colltrace itself ended after the
+    finding: " colltrace then ended ranks 0-3 (abort: deadlock) at 14:37:17." """
+    table = f.get("ranks") or {}
+    ended = [r for r in dead if _ended_by_colltrace(table.get(str(r)) or {})]
+    others = [r for r in dead if r not in ended]
+    text = ""
+    if others:
+        text += f" {capitalized(rank_word(others))} {verb_for(others, 'has', 'have')} died since{still}."
+    if ended:
+        ex = table[str(ended[0])]["exit"]
+        text += f" colltrace then ended {rank_word(ended)} (abort: {ex.get('why')}) at {clock(ex.get('at'))}."
+    return text
+
+
+def not_taken_note(deadline_s: float) -> str:
+    """What a stacks file says when its dump did not finish in time (the ranks were ended)."""
+    return (f"(no stack dump within {deadline_s:g} s; the stacks at the hang are in findings.jsonl, "
+            "report.txt and the rank's records: colltrace analyze this folder)\n")
+
+
+def shape_text(shapes) -> str:
+    try:
+        return ", ".join("x".join(str(d) for d in s) or "scalar" for s in shapes) or "none"
+    except TypeError:
+        return str(shapes)
+
+
+def who_phrase(finding: dict, ranks, group=None) -> str:
+    """rank_word, or for most of a large group: "511 ranks (all of group 1 but rank 8)"."""
+    rs = sorted_ranks(ranks)
+    g = _group(finding, group) if group is not None else None
+    if g and len(rs) > 16:
+        rest = set(sorted_ranks(g.get("ranks"))) - set(rs)
+        if len(rest) <= 8 and set(rs) <= set(sorted_ranks(g.get("ranks"))):
+            but = f" but {rank_word(rest)}" if rest else ""
+            return f"{len(rs)} ranks (all of group {group}{but})"
+    return rank_word(rs)
+
+
+def sample_entry(finding: dict, ranks) -> dict:
+    table = finding.get("ranks") or {}
+    return next((table[str(r)] for r in sorted_ranks(ranks) if str(r) in table), {})
+
+
+def behind_clause(finding: dict) -> str:
+    b = finding.get("behind") or []
+    return f" Also stuck behind this: {rank_word(b)}." if b else ""
+
+
+def untraced_clause(finding: dict) -> str:
+    out = ""
+    for n in finding.get("untraced_before") or []:
+        out += (f" {n.get('count')} untraced collective(s) (run by torch itself, e.g. DDP's C++ all-reduces) ran on "
+                f"group {n.get('group')} just before, on {rank_word(n.get('ranks'))}.")
+    return out
+
+
+def first_line(text, limit: int = 160) -> str:
+    """An error's first line, without the C++ source location gloo/NCCL put in front."""
+    line = str(text).strip().splitlines()[0] if str(text).strip() else ""
+    line = _CPP_LOCATION.sub("", line)
+    return line if len(line) <= limit else line[:limit - 1] + "…"
+
+
+def natural_key(s: str):
+    return (0, int(s), "") if s.isdigit() else (1, 0, s)
+
+
+def its_word(ranks) -> str:
+    return verb_for(ranks, "its", "their")
+
+
+def it_word(ranks) -> str:
+    return verb_for(ranks, "it", "they")

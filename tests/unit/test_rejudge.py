@@ -1,0 +1,37 @@
+"""The root of a large job analyzes an unchanged input again only every REJUDGE_S
+(colltrace/host/watchdog.py's _judge): the same tables from the other hosts, the same own ranks."""
+from __future__ import annotations
+
+import io
+
+from colltrace import config
+from colltrace.host import watchdog
+from colltrace.host.watchdog import Watchdog
+
+
+def test_an_unchanged_large_job_is_analyzed_again_only_after_rejudge_s(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(watchdog, "analyze", lambda snap, stall_s, now: calls.append(now) or [])
+    monkeypatch.setattr(watchdog, "summarize", lambda findings: [{"kind": "deadlock", "key": f"k{len(calls)}"}])
+    wd = Watchdog(str(tmp_path), "job", "h", config.load({}), stream=io.StringIO())
+    wd.store._every = False                      # judged from vitals: more than DETAIL_ALL_RANKS ranks
+    wd.store._suspicion.groups = {"0"}
+    own = {"ranks": {"0": {"rank": 0, "status": "alive", "heartbeat": 1.0, "progress": {"0": {"entered": 5}}}}}
+    others = [{"ranks": {"8": {"rank": 8, "status": "alive"}}}, {"ranks": {"16": {"rank": 16, "status": "alive"}}}]
+    first = wd._judge({}, own, others, 100.0)
+    beat = {"ranks": {"0": dict(own["ranks"]["0"], heartbeat=2.0)}}   # only its heartbeat moved
+    assert wd._judge({}, beat, list(others), 100.2) is first and len(calls) == 1
+    assert wd._judge({}, beat, others, 100.0 + watchdog.REJUDGE_S) != first and len(calls) == 2   # time may change it
+    # a host's new table (its summary's bytes changed), even equal in content: analyzed at once
+    wd._judge({}, beat, [others[0], {"ranks": dict(others[1]["ranks"])}], 100.6)
+    assert len(calls) == 3
+    moved = {"ranks": {"0": dict(own["ranks"]["0"], progress={"0": {"entered": 6}})}}
+    wd._judge({}, moved, [others[0], {"ranks": dict(others[1]["ranks"])}], 100.7)   # its own ranks moved
+    assert len(calls) == 4
+    wd.store._suspicion.groups = {"0", "pair"}                     # the root asked for more
+    wd._judge({}, moved, others, 100.75)
+    assert len(calls) == 5
+    wd.store._every = True                        # a small job: every round
+    wd._judge({}, moved, others, 100.76)
+    wd._judge({}, moved, others, 100.77)
+    assert len(calls) == 7
