@@ -5,7 +5,6 @@ import json
 import sys
 
 from colltrace.tracefile import postmortem
-from colltrace.callsites import samekind
 from colltrace.errors import EXIT_FOUND, EXIT_OK
 
 
@@ -26,30 +25,21 @@ class AnalyzeCommand:
                             "rank-numbered files share, e.g. nccl_trace_rank_)")
 
     def run(self, args, parser) -> int:
-        from colltrace.analysis import culprits, desync, stragglers
-        from colltrace.reporters.text import render_verdict
-
         args.dir = postmortem.resolve(args.dir)
-        snap, findings = analyzed(args.dir, args.prefix, args.stall_s)   # InputError: exit 2
-        samekind.annotate(findings)   # reads the user's source files: after the (pure) analysis
-        warnings = desync.of_snapshot(snap)
-        late = stragglers.find(snap)   # never a finding: the exit code is the findings' alone
+        snap, v = judged(args.dir, args.prefix, args.stall_s)   # InputError: exit 2
         if args.json:
-            json.dump({"findings": findings, "culprits": culprits.explain(findings)["culprits"], "warnings": warnings,
-                       "stragglers": late}, sys.stdout, indent=2, default=str)
-            sys.stdout.write("\n")
+            sys.stdout.write(json.dumps(v.as_json(), indent=2, default=str) + "\n")
         else:
-            sys.stdout.write(render_verdict(findings, warnings, late) + "\n")   # what report.txt holds
-        return EXIT_FOUND if findings else EXIT_OK   # warnings alone: the run is not wrong (yet)
+            sys.stdout.write(v.text() + "\n")   # what report.txt holds
+        return EXIT_FOUND if v.findings else EXIT_OK   # warnings and stragglers alone: the run is not wrong (yet)
 
 
-def analyzed(directory: str, prefix: str | None, stall_s: float | None) -> tuple[dict, list[dict]]:
-    """(snapshot, findings with their paragraphs) of DIR, judged by `stall_s` or else the job's own
-    threshold. Raises reader.TraceError on unreadable input. `colltrace export` draws the same."""
-    from colltrace.analysis import analyze
-    from colltrace.reporters.text import summarize
+def judged(directory: str, prefix: str | None, stall_s: float | None):
+    """(snapshot, verdict) of DIR, judged by `stall_s` or else the job's own threshold, at the
+    snapshot's time. Raises reader.TraceError on unreadable input. `colltrace export` draws the same."""
+    from colltrace import verdict
     from colltrace.tracefile import reader
 
     snap = postmortem.load(directory, prefix)
     threshold = stall_s if stall_s is not None else reader.job_stall_s(snap)
-    return snap, summarize(analyze(snap, stall_s=threshold, now=snap["taken_at"]))
+    return snap, verdict.of_snapshot(snap, stall_s=threshold, now=snap["taken_at"])

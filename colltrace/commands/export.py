@@ -21,13 +21,13 @@ class ExportCommand:
 
     def run(self, args, parser) -> int:
         from colltrace.reporters import timeline
-        from colltrace.analysis import culprits
-        from colltrace.commands.analyze import analyzed   # the findings `colltrace analyze` shows
+        from colltrace.commands.analyze import judged   # the verdict `colltrace analyze` shows
         from colltrace.errors import UsageError
 
         args.dir = postmortem.resolve(args.dir)
-        snap, findings = analyzed(args.dir, args.prefix, args.stall_s)   # InputError: exit 2
-        doc = timeline.build(snap, findings, culprits.explain(findings)["culprits"])
+        snap, v = judged(args.dir, args.prefix, args.stall_s)   # InputError: exit 2
+        findings = v.findings
+        doc = timeline.build(snap, findings, v.culprits)
         tmp = args.perfetto + ".tmp"
         try:
             with open(tmp, "w") as f:

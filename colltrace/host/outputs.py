@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import os
 
-from colltrace.analysis import desync, stragglers
+from colltrace import verdict
+from colltrace.model.schema import empty
 from colltrace.reporters import stacks, text as report
 from colltrace.tracefile import storage
 
@@ -48,9 +49,9 @@ class Outputs:
 
     def report(self, reported: list[dict], snap: dict | None = None) -> None:
         """report.txt: the verdict in the words `colltrace analyze` uses (culprits first)."""
+        text = verdict.of_snapshot(snap or dict(empty()), findings=reported).text()
         with open(os.path.join(self.dir, "report.txt"), "w") as f:
-            f.write(report.render_verdict(reported, desync.of_snapshot(snap) if snap else [],
-                                          _stragglers(snap)) + "\n")
+            f.write(text + "\n")
 
     def json(self, name: str, obj, warn: bool = True) -> None:
         """Replaced whole (written aside, then renamed): a reader never sees half a file."""
@@ -73,12 +74,4 @@ class Outputs:
                 f.write(text)
         except OSError as exc:
             self._write_failed(exc)
-
-
-def _stragglers(snap: dict | None) -> list[dict]:
-    """report.txt's straggler paragraph: never a reason for the report not to be written."""
-    try:
-        return stragglers.find(snap) if snap else []
-    except Exception:   # a view of a live job this module did not expect: no paragraph
-        return []
 

@@ -14,8 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from colltrace import config
-from colltrace.analysis import analyze
+from colltrace import config, verdict
 from colltrace.callsites import samekind
 from colltrace.host import probes
 from colltrace.host.actions import OnHang
@@ -27,7 +26,6 @@ from colltrace.host.tree import DETAIL_ALL_RANKS
 from colltrace.model.build import merge, suspects
 from colltrace.reporters.activity import activity_lines
 from colltrace.reporters.stragglers import render_straggler_line
-from colltrace.reporters.text import summarize
 
 CERTAIN_KINDS = ("deadlock", "mismatch", "dead_rank")   # what a stall can turn into
 SUPERSEDABLE = ("stall", "unmatched_p2p")
@@ -194,7 +192,7 @@ class Watchdog:
             if (last is not None and now - last[0] < REJUDGE_S and last[1][0] == key[0] and last[1][2] == key[2]
                     and len(last[1][1]) == len(key[1]) and all(a is b for a, b in zip(last[1][1], key[1]))):
                 return last[2]
-        findings = summarize(analyze(judged, stall_s=self.settings.stall_s, now=now))
+        findings = verdict.findings_of(judged, self.settings.stall_s, now)
         self._last_judged = (now, key, findings) if key is not None else None
         return findings
 

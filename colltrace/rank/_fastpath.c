@@ -56,11 +56,49 @@ static long depth_now(void)
     return tl_depth;
 }
 
-static PyObject *s_recorder, *s_disabled, *s_local, *s_last_after, *s_compiling_flag,
-    *s_p2p_offset, *s_rec_ids, *s_threads, *s_thread_id, *s_stacks, *s_stack_id, *s_ring, *s_mm,
-    *s_serial, *s_slots, *s_stack_depth, *s_fail, *s_internal_error, *s_default_pg,
+/* What this file reads of colltrace's own Python objects, by name: declared here once, interned
+ * from this list, and exported as _fastpath.READS ({owner: names}), which
+ * tests/unit/test_fastpath_reads.py holds against real instances (a renamed field fails there,
+ * not as a silent fallback to the Python wrappers in every rank). */
+#define COLLTRACE_READS(X) \
+    X(s_recorder, "shim", "recorder") \
+    X(s_disabled, "Recorder", "disabled") \
+    X(s_local, "Recorder", "local") \
+    X(s_rec_ids, "Recorder", "_rec_ids") \
+    X(s_threads, "Recorder", "_threads") \
+    X(s_thread_id, "Recorder", "thread_id") \
+    X(s_stacks, "Recorder", "_stacks") \
+    X(s_stack_id, "Recorder", "stack_id") \
+    X(s_ring, "Recorder", "ring") \
+    X(s_stack_depth, "Recorder", "_depth") \
+    X(s_fail, "Recorder", "fail") \
+    X(s_internal_error, "Recorder", "internal_error") \
+    X(s_pending, "Recorder", "_pending") \
+    X(s_mm, "RingWriter", "_mm") \
+    X(s_serial, "RingWriter", "_serial") \
+    X(s_slots, "RingWriter", "slots") \
+    X(s_last_after, "GroupState", "last_after") \
+    X(s_p2p_offset, "GroupState", "p2p_offset")
+
+/* What learn() says of a kind of call, for a Plan and a Gate alike: one tuple of LEARNED_SIZE in
+ * this order, built by fastpath.learned() (colltrace/rank/fastpath.py), whose LEARNED names the
+ * fields as LEARNED_FIELDS does here (tests/unit/test_fastpath_reads.py holds them equal). */
+#define L_SIG 0            /* the signature's id */
+#define L_WRAPPER_ONLY 1   /* such calls are the Python wrapper's alone (a CUDA tensor, a digest to take) */
+#define L_GS 2             /* the group's GroupState */
+#define L_SEQ_FN 3         /* its counter getter, fn(pg) */
+#define L_PG 4             /* the group, held weakly */
+#define L_GID 5            /* its id */
+#define L_ONE_STEP 6       /* one backend step whatever it is given */
+#define LEARNED_SIZE 7
+static const char *LEARNED_FIELDS[LEARNED_SIZE] = {"sig", "wrapper_only", "gs", "seq_fn", "pg", "gid", "one_step"};
+
+#define DECLARE_READ(var, owner, text) static PyObject *var;
+COLLTRACE_READS(DECLARE_READ)
+
+static PyObject *s_compiling_flag, *s_default_pg,
     *s_shape, *s_dtype, *s_is_cuda, *s_torch_cuda, *s_cuda_initialized, *s_default_pg_field, *s_group, *s_op, *s_async_op, *s_torch_compiler,
-    *s_name, *s_input_tensors, *s_output_tensors, *s_op_id, *s_work, *s_pending, *s_is_completed;
+    *s_name, *s_input_tensors, *s_output_tensors, *s_op_id, *s_work, *s_is_completed;
 
 /* Stacks this path has met, by a hash of (code, instruction offset) per frame: a hit needs no
  * Python object. Direct-mapped, a cache of the recorder's own table (rec._stacks), which keeps every
@@ -96,8 +134,7 @@ typedef struct {
     PyObject *orig;        /* the torch.distributed function */
     vectorcallfunc vectorcall;   /* Plan_vectorcall: called without a tuple or dict of its arguments */
     PyObject *slow;        /* the Python wrapper: everything the fast path does not take */
-    PyObject *learn;       /* learn(rec, pg, tensor, op, is_async, root, group_root) -> (sig id, Python wrapper's only, gs,
-                            * seq_fn, weakref(pg), gid) or None */
+    PyObject *learn;       /* learn(rec, pg, tensor, op, is_async, root, group_root) -> a learned tuple (L_*) or None */
     PyObject *shim;        /* shim's globals: "recorder" is read on every call */
     PyObject *non_member;  /* GroupMember.NON_GROUP_MEMBER */
     PyObject *sigs;        /* (id(pg), shape, dtype, op, async, root, group root, is_cuda) -> what learn said, for `rec` */
@@ -779,8 +816,8 @@ typedef struct {
     int kind;              /* 0: the depth test only; 1: the pre-hook's common case; 2: the post-hook's */
     PyObject *ref;         /* the group, held weakly */
     PyObject *shim;        /* shim's globals: "recorder" is read on every call */
-    PyObject *learn;       /* learn(rec, args, input_tensors, is_async) -> (sig, gs, seq_fn, gid, one_step),
-                            * False (the Python hook's, always) or None (not now) */
+    PyObject *learn;       /* learn(rec, args, input_tensors, is_async) -> a learned tuple (L_*), False (the
+                            * Python hook's, always) or None (not now) */
     PyObject *kinds;       /* bytes, per HookOpName value: 1 taken here, 2 taken with the outputs' count, else not */
     PyObject *sigs;        /* (name, n in, n out, shape, dtype, async) -> what learn said, for r.rec */
     Parts r;
@@ -904,7 +941,7 @@ static PyObject *hook_pre(Gate *g, PyObject *a)
                 Py_DECREF(learned);
                 goto out;
             }
-            int bad = (learned != Py_False && (!PyTuple_Check(learned) || PyTuple_GET_SIZE(learned) != 5))
+            int bad = (learned != Py_False && (!PyTuple_Check(learned) || PyTuple_GET_SIZE(learned) != LEARNED_SIZE))
                       || PyDict_SetItem(g->sigs, skey, learned) < 0;
             Py_DECREF(learned);
             if (bad || (known = PyDict_GetItemWithError(g->sigs, skey)) == NULL)
@@ -924,10 +961,10 @@ static PyObject *hook_pre(Gate *g, PyObject *a)
     held = Py_NewRef(known);   /* another thread may clear the cache (a new recorder) while this one runs */
     if (known == Py_False)
         goto out;   /* calls like this one are the Python hook's (a root, a peer) */
-    long long sig = PyLong_AsLongLong(PyTuple_GET_ITEM(known, 0));
-    PyObject *gs = PyTuple_GET_ITEM(known, 1), *seq_fn = PyTuple_GET_ITEM(known, 2);
-    long long gid = PyLong_AsLongLong(PyTuple_GET_ITEM(known, 3));
-    int one_step = PyObject_IsTrue(PyTuple_GET_ITEM(known, 4));
+    long long sig = PyLong_AsLongLong(PyTuple_GET_ITEM(known, L_SIG));
+    PyObject *gs = PyTuple_GET_ITEM(known, L_GS), *seq_fn = PyTuple_GET_ITEM(known, L_SEQ_FN);
+    long long gid = PyLong_AsLongLong(PyTuple_GET_ITEM(known, L_GID));
+    int one_step = PyObject_IsTrue(PyTuple_GET_ITEM(known, L_ONE_STEP));
     if ((sig == -1 || gid == -1) && PyErr_Occurred())
         goto out;
     if (one_step < 0 || (opv = PyObject_GetAttr(a, s_op_id)) == NULL)
@@ -1261,7 +1298,8 @@ static PyObject *Plan_vectorcall(Plan *p, PyObject *const *args, size_t nargsf, 
             Py_DECREF(learned);
             goto out;
         }
-        int bad = !PyTuple_Check(learned) || PyTuple_GET_SIZE(learned) != 6 || PyDict_SetItem(p->sigs, skey, learned) < 0;
+        int bad = !PyTuple_Check(learned) || PyTuple_GET_SIZE(learned) != LEARNED_SIZE
+                  || PyDict_SetItem(p->sigs, skey, learned) < 0;
         Py_DECREF(learned);
         if (bad || (known = PyDict_GetItemWithError(p->sigs, skey)) == NULL)
             goto out;
@@ -1286,16 +1324,16 @@ static PyObject *Plan_vectorcall(Plan *p, PyObject *const *args, size_t nargsf, 
     Py_INCREF(known);
     Py_XSETREF(p->m_known, known);
 learned:
-    /* (sig, the Python wrapper's alone, group state, its counter getter, the group held weakly, its id),
-     * held for the call: another thread may clear the cache (a new recorder) while this one runs */
+    /* what learn said (L_*), held for the call: another thread may clear the cache (a new recorder)
+     * while this one runs */
     held = known;
     Py_INCREF(held);
-    if (PyObject_IsTrue(PyTuple_GET_ITEM(known, 1)) != 0)
+    if (PyObject_IsTrue(PyTuple_GET_ITEM(known, L_WRAPPER_ONLY)) != 0)
         goto out;   /* a CUDA tensor (its completion is an event) or a digest to take */
-    long long sig = PyLong_AsLongLong(PyTuple_GET_ITEM(known, 0));
-    PyObject *gs = PyTuple_GET_ITEM(known, 2);
-    PyObject *seq_fn = PyTuple_GET_ITEM(known, 3);
-    PyObject *live = PyWeakref_GetObject(PyTuple_GET_ITEM(known, 4));   /* borrowed */
+    long long sig = PyLong_AsLongLong(PyTuple_GET_ITEM(known, L_SIG));
+    PyObject *gs = PyTuple_GET_ITEM(known, L_GS);
+    PyObject *seq_fn = PyTuple_GET_ITEM(known, L_SEQ_FN);
+    PyObject *live = PyWeakref_GetObject(PyTuple_GET_ITEM(known, L_PG));   /* borrowed */
     if (live != pg) {   /* the group was freed and its address reused: forget it, learn the new one next call */
         PyDict_Clear(p->sigs);
         Py_CLEAR(p->m_known);
@@ -1303,7 +1341,7 @@ learned:
     }
 
     /* everything the slots need, read before the first is written */
-    long long gid = PyLong_AsLongLong(PyTuple_GET_ITEM(known, 5)), p2p_offset, before, last = -1, tid, sid, rec_id;
+    long long gid = PyLong_AsLongLong(PyTuple_GET_ITEM(known, L_GID)), p2p_offset, before, last = -1, tid, sid, rec_id;
     if ((gid == -1 && PyErr_Occurred()) || slot_long(&sa_p2p_offset, gs, s_p2p_offset, &p2p_offset) < 0)
         goto out;
     PyFrameObject *here = PyEval_GetFrame();   /* the Python wrapper's frame; its caller is the user's */
@@ -1558,22 +1596,34 @@ static PyMethodDef module_methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastpath", "colltrace's compiled hot path.", -1,
                                     module_methods};
 
+/* READS[owner] += (name,): the export of COLLTRACE_READS. */
+static int add_read(PyObject *reads, const char *owner, PyObject *name)
+{
+    PyObject *have = PyDict_GetItemString(reads, owner);   /* borrowed */
+    PyObject *one = PyTuple_Pack(1, name);
+    if (one == NULL)
+        return -1;
+    PyObject *now = have ? PySequence_Concat(have, one) : Py_NewRef(one);
+    Py_DECREF(one);
+    if (now == NULL)
+        return -1;
+    int rc = PyDict_SetItemString(reads, owner, now);
+    Py_DECREF(now);
+    return rc;
+}
+
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
 
 PyMODINIT_FUNC PyInit__fastpath(void)
 {
-    INTERN(s_recorder, "recorder"); INTERN(s_disabled, "disabled"); INTERN(s_local, "local");
+#define INTERN_READ(var, owner, text) INTERN(var, text);
+    COLLTRACE_READS(INTERN_READ)
     INTERN(s_compiling_flag, "_is_compiling_flag"); INTERN(s_torch_compiler, "torch.compiler");
-    INTERN(s_last_after, "last_after"); INTERN(s_p2p_offset, "p2p_offset");
-    INTERN(s_rec_ids, "_rec_ids"); INTERN(s_threads, "_threads"); INTERN(s_thread_id, "thread_id");
-    INTERN(s_stacks, "_stacks"); INTERN(s_stack_id, "stack_id"); INTERN(s_ring, "ring"); INTERN(s_mm, "_mm");
-    INTERN(s_serial, "_serial"); INTERN(s_slots, "slots");
-    INTERN(s_stack_depth, "_depth"); INTERN(s_fail, "fail"); INTERN(s_internal_error, "internal_error");
     INTERN(s_default_pg, "default_pg"); INTERN(s_shape, "shape"); INTERN(s_dtype, "dtype"); INTERN(s_is_cuda, "is_cuda"); INTERN(s_torch_cuda, "torch.cuda");
     INTERN(s_cuda_initialized, "_initialized"); INTERN(s_default_pg_field, "_default_pg");
     INTERN(s_group, "group"); INTERN(s_op, "op"); INTERN(s_async_op, "async_op");
     INTERN(s_name, "name"); INTERN(s_input_tensors, "input_tensors"); INTERN(s_output_tensors, "output_tensors");
-    INTERN(s_op_id, "op_id"); INTERN(s_work, "work"); INTERN(s_pending, "_pending"); INTERN(s_is_completed, "is_completed");
+    INTERN(s_op_id, "op_id"); INTERN(s_work, "work"); INTERN(s_is_completed, "is_completed");
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
@@ -1584,6 +1634,25 @@ PyMODINIT_FUNC PyInit__fastpath(void)
             return NULL;
         }
     }
+    PyObject *reads = PyDict_New();
+    int bad = reads == NULL;
+#define EXPORT_READ(var, owner, text) if (!bad) bad = add_read(reads, owner, var) < 0;
+    COLLTRACE_READS(EXPORT_READ)
+    PyObject *fields = PyTuple_New(LEARNED_SIZE);
+    for (int k = 0; fields != NULL && k < LEARNED_SIZE && !bad; k++) {
+        PyObject *f = PyUnicode_FromString(LEARNED_FIELDS[k]);
+        bad = f == NULL;
+        if (f != NULL)
+            PyTuple_SET_ITEM(fields, k, f);
+    }
+    bad = bad || fields == NULL || PyModule_AddObjectRef(m, "LEARNED", fields) < 0;
+    Py_XDECREF(fields);
+    if (bad || PyModule_AddObjectRef(m, "READS", reads) < 0) {
+        Py_XDECREF(reads);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_DECREF(reads);
     PyObject *cap = PyCapsule_New((void *)depth_now, "colltrace.rank._fastpath._depth", NULL);
     int added = cap == NULL ? -1 : PyModule_AddObjectRef(m, "_depth", cap);
     Py_XDECREF(cap);

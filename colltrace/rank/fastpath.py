@@ -35,6 +35,18 @@ ONE_STEP = frozenset(("all_reduce", "all_gather", "all_gather_single", "all_gath
                       "all_to_all_single", "all_to_all", "barrier"))
 
 
+# What learn() says of a kind of call, for the compiled path (a Plan's and a Gate's alike): one
+# tuple, in this order (_fastpath.c's L_* and LEARNED_FIELDS; tests/unit/test_fastpath_reads.py).
+LEARNED = ("sig", "wrapper_only", "gs", "seq_fn", "pg", "gid", "one_step")
+
+
+def learned(sig: int, gs, *, wrapper_only: bool = False, one_step: bool = False) -> tuple:
+    """The tuple learn() returns: the signature's id and the group's state (its counter getter, the
+    group held weakly and its id are read from it); wrapper_only: such calls are the Python
+    wrapper's alone; one_step: one backend step whatever it is given."""
+    return (sig, bool(wrapper_only), gs, gs.seq_fn, gs.pg, gs.id, bool(one_step))
+
+
 def available() -> bool:
     return _fastpath is not None
 

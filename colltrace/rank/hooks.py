@@ -338,9 +338,9 @@ def _make_pre(ref, shim):
 def _make_learn(ref, shim):
     def learn(rec, args, ins, is_async):
         """What the compiled pre-hook needs for ops like this one (its HookOpName, the tensors'
-        counts, the one input's shape and dtype, async_op), interned as pre_hook interns them:
-        (signature id, group state, its counter getter, group id, one backend step?); False for
-        ops that are pre_hook's alone (a root, a peer); None for a group not described yet."""
+        counts, the one input's shape and dtype, async_op), interned as pre_hook interns them
+        (fastpath.learned); False for ops that are pre_hook's alone (a root, a peer); None for a
+        group not described yet."""
         pg = ref()
         if pg is None:
             return None
@@ -354,7 +354,7 @@ def _make_learn(ref, shim):
         shapes, dtypes, _ = shim._describe_tensors(ins)
         backend_op = shim.BACKEND_OVERRIDES.get((gs.backend, bop), bop)
         sig = rec.sig_id((bop, backend_op, gs.id, shapes, dtypes, None, -1, -1, bool(is_async)))
-        return sig, gs, gs.seq_fn, gs.id, bop in _ONE_STEP
+        return fastpath.learned(sig, gs, one_step=bop in _ONE_STEP)
 
     return learn
 

@@ -361,11 +361,9 @@ def _make_c10d_wrapper(name, orig):
 
     def learn(rec, pg, tensor, op, is_async, r=None, gr=None):
         """What the compiled path needs for calls like this one, as the Python wrapper would
-        intern it: (signature id, whether such calls are the Python wrapper's alone (a CUDA
-        tensor, a digest to take), the group's state, its counter getter, the group held
-        weakly, its id); None for a group colltrace cannot describe, or a root given as anything
-        but an int (the Python wrapper records it as it is). r, gr: a rooted op's src/dst and
-        group_src/group_dst as passed."""
+        intern it (fastpath.learned); None for a group colltrace cannot describe, or a root given
+        as anything but an int (the Python wrapper records it as it is). r, gr: a rooted op's
+        src/dst and group_src/group_dst as passed."""
         gs = rec.group_state(pg, first_sight)
         if gs is None or gs.seq_fn is None:
             return None
@@ -378,7 +376,8 @@ def _make_c10d_wrapper(name, orig):
         shapes, dtypes, cuda = _describe_tensors(tensor)
         bop = BACKEND_OVERRIDES.get((gs.backend, backend_op), backend_op)
         sig = rec.sig_id((op_name, bop, gs.id, shapes, dtypes, _redop_name(op), root, -1, is_async))
-        return sig, bool(cuda or (digestible and rec.digest_bytes)), gs, gs.seq_fn, gs.pg, gs.id
+        return fastpath.learned(sig, gs, wrapper_only=bool(cuda or (digestible and rec.digest_bytes)),
+                                one_step=name in fastpath.ONE_STEP)
 
     plan = fastpath.plan(orig, build(2), learn, globals(), _c10d._world, _NON_MEMBER, list(sig.parameters), tensor_param,
                          reducing, one_step=name in fastpath.ONE_STEP, root_param=root_name)

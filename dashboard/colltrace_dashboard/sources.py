@@ -18,14 +18,12 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 
-from colltrace import config
+from colltrace import config, verdict
 from colltrace.host import storelink
 from colltrace.tracefile import reader
-from colltrace.analysis import analyze
 from colltrace.model import build
 from colltrace.model.build import merge
 from colltrace.errors import InputError
-from colltrace.reporters.text import summarize
 
 LIVE, POST_MORTEM = "live", "post-mortem"
 STALE_PUBLISH_S = 10.0   # store summaries older than this: the job's watchdogs stopped publishing
@@ -112,7 +110,7 @@ class FolderSource:
         now = time.time()
         snap = merge([node.summary()], now)
         self._add_live_stacks(snap)
-        findings = summarize(analyze(snap, stall_s=self._stall_s(snap), now=now))
+        findings = verdict.findings_of(snap, self._stall_s(snap), now)
         return Reading(snap, findings, now, LIVE, _read_jsonl(os.path.join(self.dir, "findings.jsonl")))
 
     @staticmethod
@@ -154,7 +152,7 @@ class FolderSource:
         if not snap["ranks"]:
             raise SourceError(f"{self.dir}: no rank could be read from this folder")
         now = snap["taken_at"]
-        reading = Reading(snap, summarize(analyze(snap, stall_s=self._stall_s(snap), now=now)), now, POST_MORTEM,
+        reading = Reading(snap, verdict.findings_of(snap, self._stall_s(snap), now), now, POST_MORTEM,
                           _read_jsonl(os.path.join(self.dir, "findings.jsonl")))
         self._post = (sig, reading)
         return reading
@@ -202,7 +200,7 @@ class StoreSource:
         newest = max(float(s.get("t") or 0) for s in summaries)
         if now - newest > STALE_PUBLISH_S:
             note = f"the job's watchdogs last published {now - newest:.0f} s ago (job over, or its watchdogs stopped)"
-        self._last = Reading(snap, summarize(analyze(snap, stall_s=stall_s, now=now)), now, LIVE,
+        self._last = Reading(snap, verdict.findings_of(snap, stall_s, now), now, LIVE,
                              reported if isinstance(reported, list) else [])
         return replace(self._last, note=note)
 

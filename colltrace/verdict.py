@@ -1,0 +1,57 @@
+"""The one pipeline from a snapshot to what colltrace says of it: the findings (the analyzer's
+facts with their paragraphs and the other call sites of the same kind), the culprits, the
+warnings and the stragglers. `colltrace analyze` (text and --json), `colltrace export`, the
+watchdog's stderr and report.txt, the dashboard and the pytest guard all come here, so they say
+the same of the same folder.
+
+    from colltrace import verdict
+    v = verdict.of_snapshot(snap, stall_s=30.0, now=snap["taken_at"])
+    print(v.text())            # what report.txt holds
+    json.dumps(v.as_json())    # what `colltrace analyze --json` prints
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from colltrace.analysis import analyze, culprits, desync, stragglers
+from colltrace.callsites import samekind
+from colltrace.reporters.text import render_verdict, summarize
+
+
+@dataclass(frozen=True)
+class Verdict:
+    findings: list[dict]      # most important first, each with its "summary" and "advice"
+    culprits: list[int]       # the ranks whose own state explains the others' waits
+    warnings: list[dict]      # problems that did not hang this run (desyncs)
+    stragglers: list[dict]    # who made the others wait (never a finding)
+
+    def as_json(self) -> dict:
+        return {"findings": self.findings, "culprits": self.culprits, "warnings": self.warnings,
+                "stragglers": self.stragglers}
+
+    def text(self) -> str:
+        return render_verdict(self.findings, self.warnings, self.stragglers)
+
+
+def findings_of(snap: dict, stall_s: float, now: float) -> list[dict]:
+    """The analysis with each finding's words: what the watchdog and the dashboard judge each round
+    (the same-kind call sites, which read the user's files, are added where a finding is reported)."""
+    return summarize(analyze(snap, stall_s=stall_s, now=now))
+
+
+def of_snapshot(snap: dict, stall_s: float = 30.0, now: float | None = None,
+                findings: list[dict] | None = None) -> Verdict:
+    """The whole verdict on `snap`. findings: those already judged and reported (the watchdog's,
+    superseded ones included), else judged here at `now` (default: the snapshot's time)."""
+    if findings is None:
+        findings = findings_of(snap, stall_s, snap.get("taken_at", 0.0) if now is None else now)
+    samekind.annotate(findings)   # reads the user's source files: after the (pure) analysis; once per finding
+    return Verdict(findings, culprits.explain(findings)["culprits"], desync.of_snapshot(snap), _stragglers(snap))
+
+
+def _stragglers(snap: dict) -> list[dict]:
+    """Never a reason for a verdict not to be said: a live view this did not expect has none."""
+    try:
+        return stragglers.find(snap)
+    except Exception:
+        return []
