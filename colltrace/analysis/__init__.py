@@ -13,9 +13,11 @@ Kinds: mismatch, dead_rank, deadlock, stall (stage "arrival", "completion" or, f
 fed their model identical batches, or with COLLTRACE_DIGEST sent identical bytes where each should
 send its own; not a hang). Modules: view (validated view of the input; where a frame's code
 comes from is colltrace/origins.py's), matching (do the ranks' calls agree), waitgraph (who waits
-for whom, cycles), findings (the verdicts), culprits (root causes), desync, duplicates and batches
-(on healthy runs). The text of findings is colltrace.reporters.text's job; this package never
-imports it (docs/design.md, "Dependency order").
+for whom, cycles), findings (the verdicts), evidence (what a finding says of each rank: entries,
+frames, who to look at first), culprits (root causes), desync, duplicates and batches (on
+healthy runs), stragglers (who made the others wait). The text of findings is
+colltrace.reporters.text's job; this package never imports it (docs/design.md, "Dependency
+order").
 """
 from __future__ import annotations
 

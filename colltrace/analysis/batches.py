@@ -137,9 +137,9 @@ def findings(v) -> list[tuple[dict, list, set]]:
             loader = _loader(v.snap.ranks.get(r), m)
             if loader is not None:
                 rec["loader"] = loader
-            ranks[str(r)] = v.entry(r, rec)
+            ranks[str(r)] = v.ev.entry(r, rec)
         key = f"duplicate_data:batches:{d.group['name']}:{d.model}:{','.join(map(str, d.ranks))}"
-        f = v._base("duplicate_data", key, d.group["name"], d.steps[-1], [], ranks)
+        f = v.ev.base("duplicate_data", key, d.group["name"], d.steps[-1], [], ranks)
         f["group"] = dict(d.group)
         f["groups"] = {d.group["name"]: dict(d.group)}
         f["source"] = "batches"

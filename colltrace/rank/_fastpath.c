@@ -710,6 +710,56 @@ static void report(PyObject *rec)
     Py_XDECREF(etb);
 }
 
+/* Recorder.enter() in C, for a Plan and a Gate alike (the Python recorder's enter() writes the
+ * same slots): the group's numbers read (its p2p offset, the counter after colltrace's last op on
+ * it, the counter now), the frame's stack and the thread interned, a record id drawn; then the
+ * UNTRACED slot for ops the backend ran unseen and the ENTER slot. Returns 0 with *seq, *before
+ * and *rec_id set; -1 with nothing written (an error may be set: the caller falls back to
+ * Python); -2 where a slot could not be written (reported once by the recorder: the call goes
+ * on untraced). */
+static int enter_slots(Parts *r, PyObject *rec, PyObject *gs, PyObject *seq_fn, PyObject *pg, long long gid,
+                       long long sig, PyFrameObject *frame, int flags, long long *seq_out, long long *before_out,
+                       long long *rec_id_out)
+{
+    long long p2p_offset, before, last = -1, tid, sid, rec_id;
+    PyObject *last_obj = NULL;
+    int rc = -1;
+    if (slot_long(&sa_p2p_offset, gs, s_p2p_offset, &p2p_offset) < 0
+            || (last_obj = slot_get(&sa_last_after, gs, s_last_after)) == NULL)
+        goto out;
+    if (last_obj != Py_None && (last = PyLong_AsLongLong(last_obj)) == -1 && PyErr_Occurred())
+        goto out;
+    if ((sid = stack_id(r, rec, frame)) < 0 || (tid = thread_id(r, rec)) < 0)
+        goto out;
+    if (read_seq(seq_fn, pg, &before) < 0 || take(r->rec_ids, &rec_id) < 0)
+        goto out;
+    long long seq = before - p2p_offset + 1;
+    Slot slot;
+    int ok = 1;
+    if (last_obj != Py_None && before > last) {
+        /* the backend ran collectives colltrace did not see (DDP's reducer, pg.allreduce, compiled code) */
+        slot = (Slot){KIND_UNTRACED, 0, 0, (uint32_t)gid, 0, 0, 0, 0, last - p2p_offset + 1, before - last, now(), 0, 0};
+        ok = ring_write(r, &slot) == 0;
+    }
+    if (ok) {
+        slot = (Slot){KIND_ENTER, (uint8_t)flags, 0, (uint32_t)gid, (uint32_t)sig, (uint32_t)sid, (uint32_t)tid, 0, seq,
+                      -1, now(), (uint64_t)rec_id, 0};
+        ok = ring_write(r, &slot) == 0;
+    }
+    if (!ok) {
+        report(rec);
+        rc = -2;
+        goto out;
+    }
+    *seq_out = seq;
+    *before_out = before;
+    *rec_id_out = rec_id;
+    rc = 0;
+out:
+    Py_XDECREF(last_obj);
+    return rc;
+}
+
 static int same_shape(PyObject *a, PyObject *b)
 {   /* torch.Size is a tuple: equal by value (a new one each call) */
     if (a == b)
@@ -877,7 +927,7 @@ static PyObject *gate_recorder(Gate *g, int *quiet)
 static PyObject *hook_pre(Gate *g, PyObject *a)
 {
     PyObject *name = NULL, *idx = NULL, *ins = NULL, *outs = NULL, *shape = NULL, *dtype = NULL, *av = NULL,
-             *opv = NULL, *skey = NULL, *held = NULL, *last_obj = NULL;
+             *opv = NULL, *skey = NULL, *held = NULL;
     int done = 0;   /* 1: recorded, or nothing to record; 0: the Python hook */
     int quiet;
     PyObject *rec = gate_recorder(g, &quiet);
@@ -969,44 +1019,21 @@ static PyObject *hook_pre(Gate *g, PyObject *a)
         goto out;
     if (one_step < 0 || (opv = PyObject_GetAttr(a, s_op_id)) == NULL)
         goto out;
-    long long op_id = PyLong_AsLongLong(opv), p2p_offset, before, last = -1, tid, sid, rec_id;
+    long long op_id = PyLong_AsLongLong(opv);
     if (op_id == -1 && PyErr_Occurred())
-        goto out;
-
-    /* everything the slots need, read before the first is written */
-    if (slot_long(&sa_p2p_offset, gs, s_p2p_offset, &p2p_offset) < 0
-            || (last_obj = slot_get(&sa_last_after, gs, s_last_after)) == NULL)
-        goto out;
-    if (last_obj != Py_None && (last = PyLong_AsLongLong(last_obj)) == -1 && PyErr_Occurred())
-        goto out;
-    if (read_seq(seq_fn, pg, &before) < 0)
-        goto out;
-    /* the frame that issued the collective: the Python hook's caller (none on a C++ thread) */
-    sid = stack_id(&g->r, rec, PyEval_GetFrame());
-    if (sid < 0 || (tid = thread_id(&g->r, rec)) < 0)
-        goto out;
-    if (take(g->r.rec_ids, &rec_id) < 0)
         goto out;
 
     done = 1;
     int flags = is_async ? F_ASYNC : 0;
-    long long seq = before - p2p_offset + 1;
-    Slot slot;
-    int ok = 1;
-    if (last_obj != Py_None && before > last) {
-        /* the backend ran collectives colltrace did not see */
-        slot = (Slot){KIND_UNTRACED, 0, 0, (uint32_t)gid, 0, 0, 0, 0, last - p2p_offset + 1, before - last, now(), 0, 0};
-        ok = ring_write(&g->r, &slot) == 0;
-    }
-    if (ok) {
-        slot = (Slot){KIND_ENTER, (uint8_t)flags, 0, (uint32_t)gid, (uint32_t)sig, (uint32_t)sid, (uint32_t)tid, 0, seq,
-                      -1, now(), (uint64_t)rec_id, 0};
-        ok = ring_write(&g->r, &slot) == 0;
-    }
-    if (!ok) {   /* reported once by the recorder; the collective goes on */
-        report(rec);
+    long long seq, before, rec_id;
+    /* the frame that issued the collective: the Python hook's caller (none on a C++ thread) */
+    int entered = enter_slots(&g->r, rec, gs, seq_fn, pg, gid, sig, PyEval_GetFrame(), flags, &seq, &before, &rec_id);
+    if (entered == -1) {
+        done = 0;
         goto out;
     }
+    if (entered == -2)
+        goto out;   /* reported once by the recorder; the collective goes on */
     hook_hits++;
     tl_fast = (FastOpen){1, flags, one_step, op_id, rec_id, before, seq, gid, Py_NewRef(gs), Py_NewRef(seq_fn),
                          Py_NewRef(g->ref)};
@@ -1022,7 +1049,6 @@ out:
     Py_XDECREF(opv);
     Py_XDECREF(skey);
     Py_XDECREF(held);
-    Py_XDECREF(last_obj);
     if (!done)
         return gate_python(g, a);
     PyErr_Clear();
@@ -1200,7 +1226,7 @@ static PyObject *Plan_vectorcall(Plan *p, PyObject *const *args, size_t nargsf, 
     enum route route = SLOW;
     PyObject *result = NULL;
     int called = 0;   /* the original ran under the compiled path: its result (or exception) stands */
-    PyObject *pg = NULL, *shape = NULL, *dtype = NULL, *cuda = NULL, *skey = NULL, *last_obj = NULL, *held = NULL;
+    PyObject *pg = NULL, *shape = NULL, *dtype = NULL, *cuda = NULL, *skey = NULL, *held = NULL;
     long long tkey[TKEY_LEN];
     int tread = 0;   /* the tensor read by build-hooks' reader into tkey: no Python objects made for it */
     PyObject *rec = PyDict_GetItemWithError(p->shim, s_recorder);   /* borrowed */
@@ -1340,40 +1366,16 @@ learned:
         goto out;
     }
 
-    /* everything the slots need, read before the first is written */
-    long long gid = PyLong_AsLongLong(PyTuple_GET_ITEM(known, L_GID)), p2p_offset, before, last = -1, tid, sid, rec_id;
-    if ((gid == -1 && PyErr_Occurred()) || slot_long(&sa_p2p_offset, gs, s_p2p_offset, &p2p_offset) < 0)
+    long long gid = PyLong_AsLongLong(PyTuple_GET_ITEM(known, L_GID)), seq, before, rec_id;
+    if (gid == -1 && PyErr_Occurred())
         goto out;
     PyFrameObject *here = PyEval_GetFrame();   /* the Python wrapper's frame; its caller is the user's */
     PyFrameObject *caller = here ? PyFrame_GetBack(here) : NULL;
-    sid = stack_id(&p->r, rec, caller);
+    int entered = enter_slots(&p->r, rec, gs, seq_fn, pg, gid, sig, caller, 0, &seq, &before, &rec_id);
     Py_XDECREF(caller);
-    if (sid < 0 || (tid = thread_id(&p->r, rec)) < 0)
-        goto out;
-    if ((last_obj = slot_get(&sa_last_after, gs, s_last_after)) == NULL)
-        goto out;
-    if (last_obj != Py_None && (last = PyLong_AsLongLong(last_obj)) == -1 && PyErr_Occurred())
-        goto out;
-    if (read_seq(seq_fn, pg, &before) < 0)
-        goto out;
-    if (take(p->r.rec_ids, &rec_id) < 0)
+    if (entered == -1)
         goto out;   /* nothing written yet: the Python wrapper starts over */
-
-    Slot slot;
-    long long seq = before - p2p_offset + 1;
-    int ok = 1;
-    if (last_obj != Py_None && before > last) {
-        /* the backend ran collectives we did not see (DDP's reducer, pg.allreduce, compiled code) */
-        slot = (Slot){KIND_UNTRACED, 0, 0, (uint32_t)gid, 0, 0, 0, 0, last - p2p_offset + 1, before - last, now(), 0, 0};
-        ok = ring_write(&p->r, &slot) == 0;
-    }
-    if (ok) {
-        slot = (Slot){KIND_ENTER, 0, 0, (uint32_t)gid, (uint32_t)sig, (uint32_t)sid, (uint32_t)tid, 0, seq, -1, now(),
-                      (uint64_t)rec_id, 0};
-        ok = ring_write(&p->r, &slot) == 0;
-    }
-    if (!ok) {   /* a slot could not be written: reported once by the recorder, the call goes on untraced */
-        report(rec);
+    if (entered == -2) {   /* a slot could not be written: reported once by the recorder, the call goes on untraced */
         route = ORIG;
         goto out;
     }
@@ -1400,8 +1402,8 @@ learned:
         long long after = before + 1;
         if ((p->one_step || read_seq(seq_fn, pg, &after) == 0) && slot_set_long(&sa_last_after, gs, s_last_after, after) == 0) {
             long long steps = after - before;
-            slot = (Slot){KIND_RETURN, F_DONE, 0, (uint32_t)gid, 0, 0, 0, 0, seq, seq + (steps > 1 ? steps : 1) - 1,
-                          now(), (uint64_t)rec_id, 0};
+            Slot slot = {KIND_RETURN, F_DONE, 0, (uint32_t)gid, 0, 0, 0, 0, seq, seq + (steps > 1 ? steps : 1) - 1,
+                         now(), (uint64_t)rec_id, 0};
             if (ring_write(&p->r, &slot) < 0)
                 report(rec);
         } else {
@@ -1411,7 +1413,6 @@ learned:
 
 out:
     Py_XDECREF(held);
-    Py_XDECREF(last_obj);
     Py_XDECREF(skey);
     Py_XDECREF(shape);
     Py_XDECREF(dtype);

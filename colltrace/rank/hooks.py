@@ -23,6 +23,7 @@ import threading
 import weakref
 
 from colltrace.rank import fastpath
+from colltrace.rank.calls import BACKEND_OVERRIDES, describe_tensors, to_global
 from colltrace.tracefile.ringfile import F_ASYNC, F_P2P
 
 HOOK_ID = 0x636F6C6C   # "coll": one id per group, ours; a program's own hooks use their own ids
@@ -91,7 +92,7 @@ def attach(pg, shim) -> bool:
     """Register our pre/post hooks on `pg` once. The hooks hold the group weakly (a group holds
     its hooks: a strong reference would keep every destroyed group alive). Never raises."""
     try:
-        settings = getattr(shim, "_state", {}).get("settings")
+        settings = shim.settings() if hasattr(shim, "settings") else None
         if not supported(pg) or (settings is not None and not settings.hooks):   # COLLTRACE_HOOKS=0
             return False
         with _lock:
@@ -182,8 +183,7 @@ _said: list = []
 def _compiled_path_settings(shim):
     """The shim's settings where the compiled path is in use; None where it is not: no compiled
     path, COLLTRACE_PURE=1, a shim that is no module (tests)."""
-    state = getattr(shim, "_state", None)
-    settings = state.get("settings") if isinstance(state, dict) else None
+    settings = shim.settings() if hasattr(shim, "settings") else None
     if not fastpath.available() or settings is None or getattr(settings, "pure", False) or type(shim) is not type(sys):
         return None
     return settings
@@ -310,16 +310,16 @@ def _make_pre(ref, shim):
             r = args.root
             if bop in ("send", "recv"):
                 flags |= F_P2P
-                peer = shim._to_global(gs, r) if r is not None and r >= 0 else -1
+                peer = to_global(gs, r) if r is not None and r >= 0 else -1
                 me = rec.rank
                 pair = (me, peer) if bop == "send" else (peer, me)
                 tensors = ins if bop == "send" else outs
             else:
                 if r is not None and r >= 0:
-                    root = shim._to_global(gs, r)
+                    root = to_global(gs, r)
                 tensors = ins
-            shapes, dtypes, _ = shim._describe_tensors(tensors)
-            backend_op = shim.BACKEND_OVERRIDES.get((gs.backend, bop), bop)
+            shapes, dtypes, _ = describe_tensors(tensors)
+            backend_op = BACKEND_OVERRIDES.get((gs.backend, bop), bop)
             sig = rec.sig_id((bop, backend_op, gs.id, shapes, dtypes, None, root, peer, is_async))
             try:
                 frame = getframe(1)
@@ -351,8 +351,8 @@ def _make_learn(ref, shim):
         r = args.root
         if bop not in _FAST_OPS or (r is not None and r >= 0):
             return False
-        shapes, dtypes, _ = shim._describe_tensors(ins)
-        backend_op = shim.BACKEND_OVERRIDES.get((gs.backend, bop), bop)
+        shapes, dtypes, _ = describe_tensors(ins)
+        backend_op = BACKEND_OVERRIDES.get((gs.backend, bop), bop)
         sig = rec.sig_id((bop, backend_op, gs.id, shapes, dtypes, None, -1, -1, bool(is_async)))
         return fastpath.learned(sig, gs, one_step=bop in _ONE_STEP)
 

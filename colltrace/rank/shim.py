@@ -9,17 +9,16 @@ how many steps the outer op used.
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import inspect
 import os
 import sys
 import threading
-import weakref
-import zlib
 
 from colltrace import config
-from colltrace.rank import fastpath, hooks
+from colltrace.rank import calls, fastpath, hooks
+from colltrace.rank.calls import (BACKEND_OVERRIDES, describe_tensors, given_root, input_digest, param_getter,
+                                  redop_name, to_global)
 from colltrace.tracefile.ringfile import F_ASYNC, F_DIGEST, F_P2P
 
 # name: (backend op, tensor parameter compared across ranks, reducing?, kind)
@@ -60,8 +59,6 @@ C10D_OPS = {
 # get a CRC-32, so that ranks sending identical data (no DistributedSampler) can be told.
 DIGEST_OPS = frozenset(("gather", "all_gather", "all_gather_single", "all_gather_into_tensor", "_all_gather_base",
                         "all_to_all_single"))
-# Backends that run an op as something else; recorded so ranks compare like with like.
-BACKEND_OVERRIDES = {("gloo", "reduce_scatter_base"): "allreduce"}
 
 # torch.distributed._functional_collectives (DTensor, torch.compile'd code falls back to these
 # in eager mode). They return tensors that complete lazily: recorded as async.
@@ -90,79 +87,9 @@ _is_compiling = lambda: False  # noqa: E731 - replaced by torch.compiler.is_comp
 _is_dynamo_compiling = lambda: False  # noqa: E731
 
 
-def _dtype_name(dt, _cache={}):
-    s = _cache.get(dt)
-    if s is None:
-        s = _cache[dt] = str(dt).replace("torch.", "")
-    return s
-
-
-def _redop_name(op, _cache={}):
-    if op is None:
-        return None
-    try:
-        name = _cache.get(op)
-    except TypeError:  # an unhashable custom op (premul sum): named each time
-        return str(op).rsplit(".", 1)[-1]
-    if name is None:
-        name = _cache[op] = str(op).rsplit(".", 1)[-1]
-    return name
-
-
-def _describe_tensors(t):
-    """(shapes, dtypes, on_cuda) of a tensor or a list of tensors; never raises."""
-    if t is None:
-        return (), (), False
-    if isinstance(t, (list, tuple)):
-        shapes, dtypes, cuda = [], [], False
-        for x in t[:64]:
-            s, d, c = _describe_tensors(x)
-            shapes.extend(s)
-            dtypes.extend(d)
-            cuda = cuda or c
-        return tuple(shapes), tuple(dtypes), cuda
-    shape = getattr(t, "shape", None)
-    if shape is None:
-        return (), (), False
-    return (tuple(shape),), (_dtype_name(t.dtype),), t.is_cuda
-
-
-def _digest(t, limit: int) -> int | None:
-    """CRC-32 of a CPU tensor's bytes, or None (on a GPU: reading it would sync; sparse; too big)."""
-    if getattr(t, "is_cuda", True) or t.device.type != "cpu" or t.is_sparse:
-        return None
-    n = t.numel() * t.element_size()
-    if n == 0 or n > limit:
-        return None
-    if not t.is_contiguous():
-        t = t.detach().contiguous()   # a private copy (a sliced batch, say); the user's tensor is untouched
-    return zlib.crc32(ctypes.string_at(t.data_ptr(), n))
-
-
-def _param_getter(sig: inspect.Signature, name: str | None):
-    """A fast getter for one argument of a call, by position or keyword, with its default."""
-    if name is None or name not in sig.parameters:
-        return lambda args, kwargs: None
-    params = list(sig.parameters)
-    idx = params.index(name)
-    default = sig.parameters[name].default
-    default = None if default is inspect.Parameter.empty else default
-
-    def get(args, kwargs):
-        if len(args) > idx:
-            return args[idx]
-        return kwargs.get(name, default)
-
-    return get
-
-
-def _group_attr(pg, attr: str) -> str:
-    """group_name / group_desc, or "" where the group has none: a group defined in Python
-    (dist.ProcessGroup subclassed, as custom backends are) raises RuntimeError here."""
-    try:
-        return str(getattr(pg, attr, ""))
-    except Exception:
-        return ""
+def settings():
+    """The settings the patches were installed with (None before install): hooks.py reads them."""
+    return _state["settings"]
 
 
 def first_sight(pg):
@@ -170,45 +97,7 @@ def first_sight(pg):
     hooks attached where torch has them, then its description."""
     hooks.load_compiled(sys.modules[__name__])   # build-hooks' module (its readers) where built
     hooks.attach(pg, sys.modules[__name__])   # torch >= 2.14: the native route for what no wrapper sees
-    return _describe_group(pg)
-
-
-def _describe_group(pg):
-    """(name, desc, global ranks, backend, its sequence counter's reader): no side effects."""
-    c10d = _c10d
-    ranks = list(c10d.get_process_group_ranks(pg))
-    try:
-        backend = str(c10d.get_backend(pg))
-    except Exception:
-        backend = ""
-    get_seq = None
-    fn = getattr(type(pg), "_get_sequence_number_for_group", None)
-    try:
-        fn(pg)
-        ref = weakref.ref(pg)   # a bound method would keep the group alive past its destruction
-
-        def get_seq():
-            p = ref()
-            return fn(p) if p is not None else -1
-        get_seq.seq_fn = fn
-    except Exception:
-        pass
-    # c10d's own registry names every group it made, whatever its class (the same on every rank)
-    name = _group_attr(pg, "group_name") or str(c10d._world.pg_names.get(pg, "") or "")
-    return name, _group_attr(pg, "group_desc"), ranks, backend, get_seq
-
-
-def _to_global(gs, group_rank):
-    try:
-        return gs.ranks[group_rank]
-    except (IndexError, TypeError):
-        return -1
-
-
-def _given_root(gs, r, gr):
-    """A rooted op's root as the record has it: src/dst as passed, else group_src/group_dst as a
-    global rank, else -1."""
-    return r if r is not None else _to_global(gs, gr) if gr is not None else -1
+    return calls.describe_group(pg)
 
 
 # The compiled path's Python face: a function of the original's own parameters (no *args tuple or
@@ -256,14 +145,14 @@ def _forwarder(name, orig, sig, plan):
 def _make_c10d_wrapper(name, orig):
     backend_op, tensor_param, reducing, kind = C10D_OPS[name]
     sig = inspect.signature(orig)
-    get_group = _param_getter(sig, "group")
-    get_tensor = _param_getter(sig, tensor_param)
-    get_redop = _param_getter(sig, "op") if reducing else (lambda a, k: None)
-    get_async = _param_getter(sig, "async_op")
+    get_group = param_getter(sig, "group")
+    get_tensor = param_getter(sig, tensor_param)
+    get_redop = param_getter(sig, "op") if reducing else (lambda a, k: None)
+    get_async = param_getter(sig, "async_op")
     root_name = "src" if "src" in sig.parameters else "dst" if "dst" in sig.parameters else None
-    get_root = _param_getter(sig, root_name)
-    get_group_root = _param_getter(sig, "group_" + root_name) if root_name else (lambda a, k: None)
-    get_p2p_list = _param_getter(sig, "p2p_op_list")
+    get_root = param_getter(sig, root_name)
+    get_group_root = param_getter(sig, "group_" + root_name) if root_name else (lambda a, k: None)
+    get_p2p_list = param_getter(sig, "p2p_op_list")
     is_batch = kind == "b"
     # A batch is p2p too: on gloo it moves only its members' counters, like send/recv.
     is_p2p = kind == "p" or is_batch
@@ -301,7 +190,7 @@ def _make_c10d_wrapper(name, orig):
                 root = peer = -1
                 pair = None
                 if root_name is not None:
-                    r = _given_root(gs, get_root(args, kwargs), get_group_root(args, kwargs))
+                    r = given_root(gs, get_root(args, kwargs), get_group_root(args, kwargs))
                     if is_p2p:
                         peer = r
                         me = rec.rank
@@ -309,17 +198,17 @@ def _make_c10d_wrapper(name, orig):
                     else:
                         root = r
                 if is_batch:
-                    shapes, dtypes, cuda = _describe_tensors([o.tensor for o in ops])
+                    shapes, dtypes, cuda = describe_tensors([o.tensor for o in ops])
                     redop = None
                     peer = ops[0].peer if ops else -1
                     pair = (rec.rank, "batch", peer)
                 else:
                     tensor = get_tensor(args, kwargs)
-                    shapes, dtypes, cuda = _describe_tensors(tensor)
-                    redop = _redop_name(get_redop(args, kwargs))
+                    shapes, dtypes, cuda = describe_tensors(tensor)
+                    redop = redop_name(get_redop(args, kwargs))
                 digest = 0
                 if digestible and rec.digest_bytes and not cuda:
-                    d = _digest(tensor, rec.digest_bytes)
+                    d = input_digest(tensor, rec.digest_bytes)
                     if d is not None:
                         digest, flags = d, flags | F_DIGEST
                 bop = BACKEND_OVERRIDES.get((gs.backend, backend_op), backend_op)
@@ -372,10 +261,10 @@ def _make_c10d_wrapper(name, orig):
             given = r if r is not None else gr
             if given is not None and not isinstance(given, int):
                 return None
-            root = _given_root(gs, r, gr)
-        shapes, dtypes, cuda = _describe_tensors(tensor)
+            root = given_root(gs, r, gr)
+        shapes, dtypes, cuda = describe_tensors(tensor)
         bop = BACKEND_OVERRIDES.get((gs.backend, backend_op), backend_op)
-        sig = rec.sig_id((op_name, bop, gs.id, shapes, dtypes, _redop_name(op), root, -1, is_async))
+        sig = rec.sig_id((op_name, bop, gs.id, shapes, dtypes, redop_name(op), root, -1, is_async))
         return fastpath.learned(sig, gs, wrapper_only=bool(cuda or (digestible and rec.digest_bytes)),
                                 one_step=name in fastpath.ONE_STEP)
 
@@ -401,8 +290,8 @@ def _make_coalescing_wrapper(orig):
     import contextlib
 
     sig = inspect.signature(orig)
-    get_group = _param_getter(sig, "group")
-    get_async = _param_getter(sig, "async_ops")
+    get_group = param_getter(sig, "group")
+    get_async = param_getter(sig, "async_ops")
 
     @functools.wraps(orig)
     @contextlib.contextmanager
@@ -446,11 +335,11 @@ def _make_coalescing_wrapper(orig):
 def _make_funcol_wrapper(name, orig, resolve_group):
     backend_op, tensor_param, redop_param = FUNCOL_OPS[name]
     sig = inspect.signature(orig)
-    get_group = _param_getter(sig, "group")
-    get_tag = _param_getter(sig, "tag")
-    get_tensor = _param_getter(sig, tensor_param)
-    get_redop = _param_getter(sig, redop_param)
-    get_src = _param_getter(sig, "src")
+    get_group = param_getter(sig, "group")
+    get_tag = param_getter(sig, "tag")
+    get_tensor = param_getter(sig, tensor_param)
+    get_redop = param_getter(sig, redop_param)
+    get_src = param_getter(sig, "src")
     op_name = "funcol." + name
 
     @functools.wraps(orig)
@@ -463,10 +352,10 @@ def _make_funcol_wrapper(name, orig, resolve_group):
             gs = rec.group_state(pg, first_sight)
             if gs is None:
                 return orig(*args, **kwargs)
-            shapes, dtypes, _ = _describe_tensors(get_tensor(args, kwargs))
+            shapes, dtypes, _ = describe_tensors(get_tensor(args, kwargs))
             redop = get_redop(args, kwargs)
             src = get_src(args, kwargs)
-            root = _to_global(gs, src) if src is not None else -1
+            root = to_global(gs, src) if src is not None else -1
             bop = BACKEND_OVERRIDES.get((gs.backend, backend_op), backend_op)
             sig_id = rec.sig_id((op_name, bop, gs.id, shapes, dtypes, None if redop is None else str(redop), root, -1, True))
             ctx = rec.enter(gs, sig_id, sys._getframe(1), F_ASYNC)

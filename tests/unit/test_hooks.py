@@ -119,7 +119,7 @@ def _hook_route_records(tmp_path, pure: bool, monkeypatch):
     import torch
 
     from colltrace import config
-    from colltrace.rank import fastpath, shim as real_shim
+    from colltrace.rank import fastpath
     from colltrace.rank.recorder import Recorder
     from colltrace.tracefile import reader
 
@@ -140,9 +140,7 @@ def _hook_route_records(tmp_path, pure: bool, monkeypatch):
         return "0", "default_pg", [0, 1], "gloo", get_seq
 
     shim = types.ModuleType("fake_shim")
-    shim.recorder, shim.first_sight, shim._state = rec, describe, {"settings": settings}
-    shim._describe_tensors, shim.BACKEND_OVERRIDES, shim._to_global = (
-        real_shim._describe_tensors, real_shim.BACKEND_OVERRIDES, real_shim._to_global)
+    shim.recorder, shim.first_sight, shim.settings = rec, describe, lambda: settings
     kinds = {Op.ALLREDUCE: 1, Op.BARRIER: 1, Op.ALLGATHER: 2}   # what hooks._kinds makes of these names
     monkeypatch.setattr(hooks, "_kinds_table", [bytes(kinds.get(i, 0) for i in range(max(Op) + 1))])
     before = fastpath._fastpath.hook_hits() if fastpath.available() else 0

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import io
 
-from colltrace import config
+from colltrace import config, verdict
 from colltrace.host import watchdog
 from colltrace.host.watchdog import Watchdog
 
 
 def test_an_unchanged_large_job_is_analyzed_again_only_after_rejudge_s(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(watchdog, "analyze", lambda snap, stall_s, now: calls.append(now) or [])
-    monkeypatch.setattr(watchdog, "summarize", lambda findings: [{"kind": "deadlock", "key": f"k{len(calls)}"}])
+    monkeypatch.setattr(verdict, "findings_of",
+                        lambda snap, stall_s, now: calls.append(now) or [{"kind": "deadlock", "key": f"k{len(calls)}"}])
     wd = Watchdog(str(tmp_path), "job", "h", config.load({}), stream=io.StringIO())
     wd.store._every = False                      # judged from vitals: more than DETAIL_ALL_RANKS ranks
     wd.store._suspicion.groups = {"0"}

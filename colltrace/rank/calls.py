@@ -1,0 +1,128 @@
+"""What a collective call is, as its record says it: its tensors' shapes and dtypes, its reduce
+op, the backend op it becomes, its group's name, description, members and counter, a root in
+global ranks, and its input's digest. Read by the wrappers (shim.py) and c10d's hooks (hooks.py)
+alike; nothing here patches anything or has a side effect.
+"""
+from __future__ import annotations
+
+import ctypes
+import inspect
+import weakref
+import zlib
+
+# Backends that run an op as something else; recorded so ranks compare like with like.
+BACKEND_OVERRIDES = {("gloo", "reduce_scatter_base"): "allreduce"}
+
+
+def dtype_name(dt, _cache={}):
+    s = _cache.get(dt)
+    if s is None:
+        s = _cache[dt] = str(dt).replace("torch.", "")
+    return s
+
+
+def redop_name(op, _cache={}):
+    if op is None:
+        return None
+    try:
+        name = _cache.get(op)
+    except TypeError:  # an unhashable custom op (premul sum): named each time
+        return str(op).rsplit(".", 1)[-1]
+    if name is None:
+        name = _cache[op] = str(op).rsplit(".", 1)[-1]
+    return name
+
+
+def describe_tensors(t):
+    """(shapes, dtypes, on_cuda) of a tensor or a list of tensors; never raises."""
+    if t is None:
+        return (), (), False
+    if isinstance(t, (list, tuple)):
+        shapes, dtypes, cuda = [], [], False
+        for x in t[:64]:
+            s, d, c = describe_tensors(x)
+            shapes.extend(s)
+            dtypes.extend(d)
+            cuda = cuda or c
+        return tuple(shapes), tuple(dtypes), cuda
+    shape = getattr(t, "shape", None)
+    if shape is None:
+        return (), (), False
+    return (tuple(shape),), (dtype_name(t.dtype),), t.is_cuda
+
+
+def input_digest(t, limit: int) -> int | None:
+    """CRC-32 of a CPU tensor's bytes, or None (on a GPU: reading it would sync; sparse; too big)."""
+    if getattr(t, "is_cuda", True) or t.device.type != "cpu" or t.is_sparse:
+        return None
+    n = t.numel() * t.element_size()
+    if n == 0 or n > limit:
+        return None
+    if not t.is_contiguous():
+        t = t.detach().contiguous()   # a private copy (a sliced batch, say); the user's tensor is untouched
+    return zlib.crc32(ctypes.string_at(t.data_ptr(), n))
+
+
+def param_getter(sig: inspect.Signature, name: str | None):
+    """A fast getter for one argument of a call, by position or keyword, with its default."""
+    if name is None or name not in sig.parameters:
+        return lambda args, kwargs: None
+    params = list(sig.parameters)
+    idx = params.index(name)
+    default = sig.parameters[name].default
+    default = None if default is inspect.Parameter.empty else default
+
+    def get(args, kwargs):
+        if len(args) > idx:
+            return args[idx]
+        return kwargs.get(name, default)
+
+    return get
+
+
+def group_attr(pg, attr: str) -> str:
+    """group_name / group_desc, or "" where the group has none: a group defined in Python
+    (dist.ProcessGroup subclassed, as custom backends are) raises RuntimeError here."""
+    try:
+        return str(getattr(pg, attr, ""))
+    except Exception:
+        return ""
+
+
+def describe_group(pg):
+    """(name, desc, global ranks, backend, its sequence counter's reader): no side effects."""
+    from torch.distributed import distributed_c10d as c10d
+
+    ranks = list(c10d.get_process_group_ranks(pg))
+    try:
+        backend = str(c10d.get_backend(pg))
+    except Exception:
+        backend = ""
+    get_seq = None
+    fn = getattr(type(pg), "_get_sequence_number_for_group", None)
+    try:
+        fn(pg)
+        ref = weakref.ref(pg)   # a bound method would keep the group alive past its destruction
+
+        def get_seq():
+            p = ref()
+            return fn(p) if p is not None else -1
+        get_seq.seq_fn = fn
+    except Exception:
+        pass
+    # c10d's own registry names every group it made, whatever its class (the same on every rank)
+    name = group_attr(pg, "group_name") or str(c10d._world.pg_names.get(pg, "") or "")
+    return name, group_attr(pg, "group_desc"), ranks, backend, get_seq
+
+
+def to_global(gs, group_rank):
+    try:
+        return gs.ranks[group_rank]
+    except (IndexError, TypeError):
+        return -1
+
+
+def given_root(gs, r, gr):
+    """A rooted op's root as the record has it: src/dst as passed, else group_src/group_dst as a
+    global rank, else -1."""
+    return r if r is not None else to_global(gs, gr) if gr is not None else -1
