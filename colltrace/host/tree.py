@@ -31,6 +31,8 @@ FANOUT = 32               # children per parent: a store server serves at most t
 DETAIL_ALL_RANKS = 512    # up to this many ranks every rank's entry travels in full, every round
 SUSPECT_AFTER_S = 0.5     # a collective waited on this long with nothing moving: its group's details
 HOST_LOST_S = 5.0         # a rank whose heartbeat (its poller thread beats while it waits) is this old: its host stopped publishing
+LOST_FACTOR = 4.0         # ... or this many times the job's typical beat age, where hosts publish slowly
+BEAT_SAMPLE = 1024        # ranks whose beats tell the typical age
 
 VITAL = ("rank", "status", "host", "pid", "progress", "heartbeat", "exit", "died_at", "stall_s")
 
@@ -343,22 +345,38 @@ def _combine(tallies: list[tuple]) -> tuple:
     return hi_entered, lo_done, dead, pending, since
 
 
+def lost_after(snap: dict, now: float) -> float:
+    """How old a rank's beat may be before its host counts as lost: HOST_LOST_S, or on a job whose
+    hosts publish slowly (loaded machines: the watchdog yields its cores to the ranks) LOST_FACTOR
+    times the typical age of the job's beats, so that a slow host is waited for and a dead one,
+    whose beat alone keeps ageing, is still found. The typical age: the median of up to
+    BEAT_SAMPLE ranks' (a dead host's few ranks do not move it)."""
+    entries = list(snap["ranks"].values())
+    step = max(1, len(entries) // BEAT_SAMPLE)
+    ages = sorted(now - _beat(e) for e in entries[::step] if isinstance(e, dict) and _beat(e) > 0)
+    typical = ages[len(ages) // 2] if ages else 0.0
+    return max(HOST_LOST_S, LOST_FACTOR * typical)
+
+
 def judged(snap: dict, groups: set[str], now: float) -> dict | None:
     """What the root judges on a job seen from vitals: the ranks it has in full, once every
     member of every wanted group is among them (else None: wait for the next round). A member
-    whose host stopped publishing (its beat older than HOST_LOST_S) will never send its details:
+    whose host stopped publishing (its beat older than lost_after()) will never send its details:
     it is judged dead, its host named."""
     ranks = {r: e for r, e in snap["ranks"].items() if isinstance(e, dict) and detailed(e)}
     if not ranks:
         return None
     table = snap.get("groups") or {}
+    lost = None
     for g in groups:
         for m in (table.get(g) or {}).get("ranks") or []:
             r = str(m)
             e = snap["ranks"].get(r)
             if r in ranks or not isinstance(e, dict):
                 continue
-            if now - _beat(e) < HOST_LOST_S:
+            if lost is None:
+                lost = lost_after(snap, now)
+            if now - _beat(e) < lost:
                 return None
             ranks[r] = dict(e, status="dead", died_at=_beat(e), records=[], vital=False,
                             exit={"signal": None, "note": f"its host ({e.get('host')}) stopped answering"})

@@ -101,6 +101,31 @@ def test_the_root_judges_only_when_every_member_of_a_wanted_group_is_in_full():
     assert got["ranks"]["9"]["status"] == "dead" and "node2" in got["ranks"]["9"]["exit"]["note"]
 
 
+def test_on_a_job_whose_hosts_all_publish_slowly_only_the_host_that_stopped_is_lost():
+    """Loaded machines: every host's beats are about 4 s old (its watchdog's rounds come slowly),
+    which a fixed HOST_LOST_S of 5 s would take, now and then, for lost hosts; the one host that
+    stopped publishing 30 s ago is still judged lost, and only its ranks."""
+    job = simhosts.Job(64, t0=0.0, hang_at=10.0)
+    groups, ranks = {}, {}
+    for i in range(1, 9):
+        groups.update(job.groups(i))
+        for r, e in _entries(job, i, 50.0).items():
+            ranks[r] = dict(tree.vital(e) if i in (3, 8) else e, heartbeat=50.0 - 3.0 - 0.25 * (int(r) % 8))
+    slow = {"groups": groups, "ranks": ranks}
+    assert tree.lost_after(slow, 50.0) > 12.0
+    assert tree.judged(slow, {"0"}, now=50.0) is None   # hosts 3 and 8: slow, not lost: wait for them
+    for r in job.host_ranks(8):
+        ranks[str(r)] = dict(ranks[str(r)], heartbeat=20.0)
+    for r in job.host_ranks(3):
+        ranks[str(r)] = dict(_entries(job, 3, 50.0)[str(r)], heartbeat=47.0)   # its details came
+    got = tree.judged(slow, {"0"}, now=50.0)
+    dead = sorted(int(r) for r, e in got["ranks"].items() if e["status"] == "dead")
+    assert dead == job.host_ranks(8)
+    # a healthy job's beats are fresh: the threshold stays HOST_LOST_S
+    fresh = {"groups": groups, "ranks": {r: dict(e, heartbeat=49.9) for r, e in ranks.items()}}
+    assert tree.lost_after(fresh, 50.0) == tree.HOST_LOST_S
+
+
 def _suspects_per_waiter(snap, now):
     """The rule as first written: every waiting rank's record looked at on its own."""
     from colltrace.model.build import ALIVE, PENDING, SUSPECT_AFTER_S, UNKNOWN, WAITING
