@@ -33,7 +33,7 @@ MAX_WHERE_SAID = 3
 def _straggler_where(s: dict, most: int) -> str:
     """Where the straggler was while the others waited (its stack samples), else where it called
     its late collectives from; and the garbage collections in those waits, apart."""
-    where = list(s.get("where") or ())[:most]
+    where = [w for w in list(s.get("where") or ())[:most] if round(100 * (w.get("share") or 0)) > 0]
     text = ""
     if where and s.get("where_from") == "samples":
         sites = ", ".join(f"{frame_text(w)} in {round(100 * w['share'])} %" for w in where)
