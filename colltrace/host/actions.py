@@ -15,6 +15,7 @@ import time
 
 from colltrace.analysis import HANG_KINDS
 from colltrace.host import probes
+from colltrace.model.schema import WAITING
 from colltrace.reporters.phrases import not_taken_note
 from colltrace.words import format_ranks
 from colltrace.tracefile import endings
@@ -44,7 +45,7 @@ class OnHang:
             key = f.get("key")
             if f.get("kind") not in HANG_KINDS or key in self._acted:   # duplicate data is no hang
                 continue
-            ok, why = probes.act_on(f, self.settings.on_hang, self.settings.abort_stall_s)
+            ok, why = act_on(f, self.settings.on_hang, self.settings.abort_stall_s)
             if ok:
                 self._acted.add(key)
                 return why, key
@@ -102,3 +103,53 @@ class OnHang:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+# -- what COLLTRACE_ON_HANG=abort may end -----------------------------------------------------------
+def _waited_for(finding: dict) -> list[int]:
+    """The ranks a stall (or an unmatched p2p op) waits for: judged by their activity."""
+    if finding.get("kind") == "unmatched_p2p":
+        return [int(r) for r in finding.get("missing_ranks") or []]
+    if finding.get("kind") == "stall" and not finding.get("p2p"):
+        return sorted({int(r) for r in (finding.get("missing_ranks") or []) + (finding.get("unknown_ranks") or [])})
+    return []
+
+
+def missing_states(finding: dict) -> dict:
+    """{rank: its activity state} for the ranks a stall waits for ({} for other findings)."""
+    table = finding.get("ranks") or {}
+    out = {}
+    for r in _waited_for(finding):
+        a = (table.get(str(r)) or {}).get("activity")
+        out[str(r)] = a.get("state") if isinstance(a, dict) else None
+    return out
+
+
+def act_on(finding: dict, on_hang: str, abort_stall_s: float = 0.0) -> tuple[bool, str]:
+    """Whether COLLTRACE_ON_HANG acts on this finding now, and why. warn and dump act on every
+    hang; abort acts on certain ones (mismatch, deadlock, dead rank, a collective every member
+    entered) at once, and on a stall only when every rank it waits for is frozen (none moves, none
+    waits for I/O), or once it has lasted COLLTRACE_ABORT_STALL_S (when set). A rank that cannot
+    be observed at all (another host without a watchdog, no trace) counts as frozen, as before.
+    A rank that died at interpreter exit, after its program finished, is reported and never acted
+    on while no rank waits for it (the other ranks are finishing too). A stall whose missing rank
+    just entered a collective elsewhere is not acted on: it is about to become certain or end."""
+    kind = str(finding.get("kind") or "hang")
+    if kind == "dead_rank" and (finding.get("exit") or {}).get("at_exit") and not finding.get("waiting") \
+            and not finding.get("failed"):
+        return False, kind   # it died as its interpreter ended, its program done: no one is kept waiting
+    states = missing_states(finding)
+    if on_hang != "abort" or not states:
+        return True, kind
+    table = finding.get("ranks") or {}
+    if any((table.get(r) or {}).get("state") == WAITING for r in states):
+        # A rank the stall waits for has just entered another collective: within a moment the
+        # wait settles into something certain (a cycle, a mismatch) or ends. Not frozen.
+        return False, kind
+    waited = finding.get("waited_s") or 0.0
+    if abort_stall_s and waited >= abort_stall_s:
+        return True, f"{kind} for {waited:.0f} s >= COLLTRACE_ABORT_STALL_S"
+    if all(s in ("frozen", None) for s in states.values()):
+        frozen = sorted(int(r) for r, s in states.items() if s == "frozen")
+        return True, f"{kind}: rank{'s' if len(frozen) != 1 else ''} {','.join(map(str, frozen))} frozen" if frozen else kind
+    return False, kind

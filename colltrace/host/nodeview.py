@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from colltrace.host import probes
+from colltrace.host import activity, probes
 from colltrace.model import build
 from colltrace.tracefile import asks, reader, samples
 
@@ -46,7 +46,7 @@ class NodeView:
         self.ignored: set[int] = set()
         self.died_at: dict[int, float] = {}
         self.live_stacks: dict[int, tuple] = {}   # rank -> (taken at, frames, route, why others failed)
-        self.activity: dict[int, probes.Activity] = {}   # ranks others wait for: CPU and stack samples
+        self.activity: dict[int, activity.Activity] = {}   # ranks others wait for: CPU and stack samples
         self.first_seen = time.time()
         self.replaced: set[int] = set()   # ranks whose files a later job in this folder took over
         self._ignored_files: dict[int, int] = {}   # rank -> inode of the other job's ring file
@@ -164,8 +164,8 @@ class NodeView:
                 continue
             act = self.activity.get(rank)
             if act is None or act.since < tr.last_event_t:
-                act = self.activity[rank] = probes.Activity(now)
-            act.add_process(probes.sample_process(tr.meta.get("pid")))
+                act = self.activity[rank] = activity.Activity(now)
+            act.add_process(activity.sample_process(tr.meta.get("pid")))
 
     def ask_samples(self, ranks) -> None:
         """Ask those of these ranks that are this host's to sample their own stacks (stragglers);

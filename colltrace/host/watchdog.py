@@ -16,8 +16,7 @@ from dataclasses import dataclass
 
 from colltrace import config, verdict
 from colltrace.callsites import samekind
-from colltrace.host import probes
-from colltrace.host.actions import OnHang
+from colltrace.host.actions import OnHang, missing_states
 from colltrace.host.latecomers import Latecomers
 from colltrace.host.leader import Exchange
 from colltrace.host.nodeview import NodeView, process_gone
@@ -219,7 +218,7 @@ class Watchdog:
         back): say so in one line, and keep report.txt and snapshot.json current."""
         changed = []
         for f in findings:
-            states = probes.missing_states(f)
+            states = missing_states(f)
             key = f.get("key")
             if not states or key not in self.reported:
                 continue

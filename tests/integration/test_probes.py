@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from colltrace.host import probes
+from colltrace.host import actions, activity, probes
 from colltrace.tracefile import asks
 from colltrace.reporters import activity as report
 
@@ -24,19 +24,19 @@ def stacks(*frames_at):
 
 
 def test_cpu_time_over_the_window_is_busy():
-    a = probes.classify(procs((0.0, 1.0), (9.0, 9.7)), stacks((0.0, [EVAL]), (9.0, [EVAL])))
+    a = activity.classify(procs((0.0, 1.0), (9.0, 9.7)), stacks((0.0, [EVAL]), (9.0, [EVAL])))
     assert a["state"] == "progressing" and a["how"] == "busy" and a["cpu_s"] == 8.7 and a["window_s"] == 9.0
     assert report.activity_text(0, {"activity": a}) == "rank 0: busy, 8.7 s of CPU in eval.py:40 (long_eval) over the last 9.0 s"
 
 
 def test_a_moving_stack_without_cpu_is_progress():
     moved = dict(EVAL, line=41)
-    a = probes.classify(procs((0.0, 1.0), (4.0, 1.05)), stacks((0.0, [EVAL]), (4.0, [moved])))
+    a = activity.classify(procs((0.0, 1.0), (4.0, 1.05)), stacks((0.0, [EVAL]), (4.0, [moved])))
     assert a["state"] == "progressing" and a["how"] == "moving"
 
 
 def test_neither_cpu_nor_stack_is_frozen():
-    a = probes.classify(procs((0.0, 1.0), (4.0, 1.01)), stacks((0.0, [NAP]), (2.0, [NAP]), (4.0, [NAP])))
+    a = activity.classify(procs((0.0, 1.0), (4.0, 1.01)), stacks((0.0, [NAP]), (2.0, [NAP]), (4.0, [NAP])))
     assert a["state"] == "frozen"
     assert "frozen, 0.0 s of CPU and the same stack in train.py:12 (nap)" in report.activity_text(3, {"activity": a})
 
@@ -45,15 +45,15 @@ def test_waiting_for_data_is_blocked_in_io(tmp_path):
     src = tmp_path / "fetch.py"
     src.write_text("def fetch(sock):\n    return sock.recv(4096)\n")
     at = {"file": str(src), "line": 2, "func": "fetch"}
-    a = probes.classify(procs((0.0, 1.0), (4.0, 1.0)), stacks((0.0, [at]), (4.0, [at])))
+    a = activity.classify(procs((0.0, 1.0), (4.0, 1.0)), stacks((0.0, [at]), (4.0, [at])))
     assert a["state"] == "blocked_io"
-    disk = probes.classify(procs((0.0, 1.0), (4.0, 1.0), state="disk-sleep"), stacks((0.0, [NAP])))
+    disk = activity.classify(procs((0.0, 1.0), (4.0, 1.0), state="disk-sleep"), stacks((0.0, [NAP])))
     assert disk["state"] == "blocked_io"
 
 
 def test_too_short_a_window_tells_nothing():
-    assert probes.classify(procs((0.0, 1.0), (0.2, 1.0)), [])["state"] == "unknown"
-    assert probes.classify(procs((0.0, 1.0)), [])["state"] == "unknown"
+    assert activity.classify(procs((0.0, 1.0), (0.2, 1.0)), [])["state"] == "unknown"
+    assert activity.classify(procs((0.0, 1.0)), [])["state"] == "unknown"
 
 
 def stall(*states, waited=5.0):
@@ -64,15 +64,15 @@ def stall(*states, waited=5.0):
 
 
 def test_abort_ends_a_stall_only_when_every_missing_rank_is_frozen():
-    assert probes.act_on(stall("frozen", "frozen"), "abort") == (True, "stall: ranks 1,2 frozen")
-    assert not probes.act_on(stall("frozen", "progressing"), "abort")[0]
-    assert not probes.act_on(stall("blocked_io"), "abort")[0]
-    assert not probes.act_on(stall("unknown"), "abort")[0]          # not sampled long enough yet
-    assert probes.act_on(stall(None), "abort")[0]                    # not observable at all: as before
-    assert probes.act_on(stall("progressing", waited=61), "abort", abort_stall_s=60)[0]
-    assert not probes.act_on(stall("progressing", waited=59), "abort", abort_stall_s=60)[0]
-    assert probes.act_on(stall("progressing"), "dump")[0]            # dump only writes stacks
-    assert probes.act_on({"kind": "deadlock", "missing_ranks": [3], "ranks": {}}, "abort")[0]
+    assert actions.act_on(stall("frozen", "frozen"), "abort") == (True, "stall: ranks 1,2 frozen")
+    assert not actions.act_on(stall("frozen", "progressing"), "abort")[0]
+    assert not actions.act_on(stall("blocked_io"), "abort")[0]
+    assert not actions.act_on(stall("unknown"), "abort")[0]          # not sampled long enough yet
+    assert actions.act_on(stall(None), "abort")[0]                    # not observable at all: as before
+    assert actions.act_on(stall("progressing", waited=61), "abort", abort_stall_s=60)[0]
+    assert not actions.act_on(stall("progressing", waited=59), "abort", abort_stall_s=60)[0]
+    assert actions.act_on(stall("progressing"), "dump")[0]            # dump only writes stacks
+    assert actions.act_on({"kind": "deadlock", "missing_ranks": [3], "ranks": {}}, "abort")[0]
 
 
 def test_the_rank_answers_a_stack_request_from_its_own_thread(tmp_path):
@@ -146,7 +146,7 @@ def test_abort_stall_s_setting():
 def test_a_rank_dead_at_interpreter_exit_is_acted_on_only_once_someone_waits_for_it():
     dead = {"kind": "dead_rank", "rank": 1, "exit": {"signal": "SIGABRT", "code": -6, "at_exit": True},
             "waiting": [], "failed": [], "missing_ranks": [], "ranks": {}}
-    assert not probes.act_on(dead, "abort")[0] and not probes.act_on(dead, "dump")[0]
+    assert not actions.act_on(dead, "abort")[0] and not actions.act_on(dead, "dump")[0]
     waited = dict(dead, waiting=[{"ranks": [0], "group": "0", "seq": 3}], missing_ranks=[1])
-    assert probes.act_on(waited, "abort")[0]
-    assert probes.act_on(dict(dead, exit={"signal": "SIGABRT", "code": -6}), "abort")[0]   # died mid-run
+    assert actions.act_on(waited, "abort")[0]
+    assert actions.act_on(dict(dead, exit={"signal": "SIGABRT", "code": -6}), "abort")[0]   # died mid-run

@@ -56,8 +56,8 @@ DEADLOCK = {"kind": "deadlock", "key": "deadlock:0#3,2#1", "missing_ranks": [1],
 def test_a_stall_whose_missing_rank_just_entered_another_collective_is_not_acted_on():
     """The moment the busy ranks enter their barrier the wait is about to become a cycle: ending
     the job then as a 'stall' would hide the deadlock."""
-    assert probes.act_on(STALL_ENTERING, "abort") == (False, "stall")
-    assert probes.act_on(STALL_BUSY, "abort")[0] is False
+    assert actions.act_on(STALL_ENTERING, "abort") == (False, "stall")
+    assert actions.act_on(STALL_BUSY, "abort")[0] is False
 
 
 def test_the_deadlock_after_a_reported_stall_is_acted_on(tmp_path, sleepers, monkeypatch):
