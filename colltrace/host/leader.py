@@ -277,6 +277,11 @@ class Exchange:
         return self.below if self.took_over else self.link
 
     @property
+    def leader_copy_at(self) -> float | None:
+        """When this host last copied the leader's summary (to speak for its ranks if it dies)."""
+        return self._leader_copy[0] if self._leader_copy else None
+
+    @property
     def judges_all(self) -> bool:
         """The leader judges every rank in full each round (a job of up to DETAIL_ALL_RANKS ranks)."""
         return self._every

@@ -18,6 +18,7 @@ from colltrace.host.leader import Exchange
 from colltrace.host.watchdog import Watchdog
 
 RANKS_PER_HOST = 8
+FRESH_S = 1.5          # run_host: a rank whose beat the leader saw this recently is "fresh"
 STEP_S = 0.05          # a world all_reduce every 50 ms while healthy
 PAIR = "pair"
 
@@ -133,7 +134,9 @@ def run_host(index: int, ranks: int, fan: int, port: int, t0: float, hang_at, st
              partner=None, detail_all=None, period: float = 0.1) -> None:
     """One simulated host in a process of its own (the exchange's tests): steps its real watchdog
     until `stop` is set; puts ("finding", index, kind, key, ranks) for what it reports as the
-    leader and ("said", index, text) for what it writes."""
+    leader, ("said", index, text) for what it writes, ("fresh", index, ranks) as the leader whenever
+    the ranks whose beats it saw within FRESH_S change, and ("copied", index) once it holds a copy
+    of the leader's summary: what tests wait for instead of sleeping."""
     import io
     import os
     import tempfile
@@ -148,13 +151,24 @@ def run_host(index: int, ranks: int, fan: int, port: int, t0: float, hang_at, st
         job.culprit, job.partner = culprit, partner
     stream = io.StringIO()
     wd = host_watchdog(job, index, ("127.0.0.1", port), tempfile.mkdtemp(prefix=f"ct-host{index}-"), stream, fan)
-    said = 0
+    said, fresh, copied = 0, None, False
     while not stop.value:
         start = time.time()
         job.hang_at = hang_at.value or None
         try:
             for f in wd.step():
                 out.put(("finding", index, f.get("kind"), f.get("key"), sorted(int(r) for r in f.get("ranks") or ())))
+            view = wd.view() if wd.leader else None
+            if view is not None:
+                now = time.time()
+                seen = sorted(int(r) for r, e in view.snapshot["ranks"].items()
+                              if isinstance(e, dict) and now - (e.get("heartbeat") or 0) < FRESH_S)
+                if seen != fresh:
+                    fresh = seen
+                    out.put(("fresh", index, seen))
+            if not copied and wd.store.leader_copy_at is not None:
+                copied = True
+                out.put(("copied", index))
         except Exception as exc:
             out.put(("said", index, f"step failed: {exc!r}"))
         text = stream.getvalue()

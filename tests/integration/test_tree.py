@@ -30,6 +30,8 @@ class Hosts:
         self.culprit, self.partner = culprit, partner
         self.procs: dict[int, multiprocessing.Process] = {}
         self.said: dict[int, str] = {}
+        self.fresh: set[int] = set()     # the ranks whose beats the leader saw lately (simhosts.FRESH_S)
+        self.copied: set[int] = set()    # the hosts holding a copy of the leader's summary
 
     def start(self, *indices):
         for i in indices:
@@ -46,19 +48,40 @@ class Hosts:
     def hang(self):
         self.hang_at.value = time.time()
 
+    def _next(self, deadline):
+        """The next message as a finding (index, kind, key, ranks), None for any other kind (kept
+        in said, fresh, copied), or "timeout"."""
+        try:
+            msg = self.out.get(timeout=max(0.01, deadline - time.time()))
+        except queue.Empty:
+            return "timeout"
+        if msg[0] == "said":
+            self.said[msg[1]] = self.said.get(msg[1], "") + msg[2]
+        elif msg[0] == "fresh":
+            self.fresh = set(msg[2])
+        elif msg[0] == "copied":
+            self.copied.add(msg[1])
+        elif msg[0] == "finding":
+            return msg[1:]
+        return None
+
     def wait_for(self, pred, timeout):
         """The first finding (index, kind, key, ranks) for which pred holds, or None."""
         deadline = time.time() + timeout
         while time.time() < deadline:
-            try:
-                msg = self.out.get(timeout=max(0.01, deadline - time.time()))
-            except queue.Empty:
+            got = self._next(deadline)
+            if got == "timeout":
                 break
-            if msg[0] == "said":
-                self.said[msg[1]] = self.said.get(msg[1], "") + msg[2]
-            elif pred(*msg[1:]):
-                return msg[1:]
+            if got is not None and pred(*got):
+                return got
         return None
+
+    def until(self, cond, timeout=60):
+        """Wait for what the hosts report to make cond() true (the leader's view, the copies)."""
+        deadline = time.time() + timeout
+        while not cond():
+            assert time.time() < deadline and self._next(deadline) != "timeout", \
+                f"not reached in {timeout} s: fresh {sorted(self.fresh)}, copied {sorted(self.copied)}, said {self.said}"
 
     def close(self):
         self.stop.value = 1
@@ -90,9 +113,9 @@ def deadlock(index, kind, key, ranks):
 def test_hosts_that_join_late_are_judged_with_the_rest(hosts):
     h = hosts()
     h.start(1, 2, 3)
-    time.sleep(4)
+    h.until(lambda: set(range(24)) <= h.fresh)
     h.start(4, 5)          # the grandchildren (parent: host 2) join after the others run
-    time.sleep(8)
+    h.until(lambda: h.fresh == set(range(RANKS)))
     h.hang()
     got = h.wait_for(deadlock, 30)
     assert got is not None, h.said
@@ -105,9 +128,9 @@ def test_hosts_that_join_late_are_judged_with_the_rest(hosts):
 def test_a_host_that_dies_takes_only_its_own_ranks_with_it(hosts):
     h = hosts()
     h.start(1, 2, 3, 4, 5)
-    time.sleep(10)
+    h.until(lambda: h.fresh == set(range(RANKS)))
     h.kill(2)              # an inner host: its children (4, 5) move up to the leader
-    time.sleep(4)
+    h.until(lambda: set(range(16, 40)) <= h.fresh and not set(range(8, 16)) & h.fresh)   # host 2: ranks 8-15
     h.hang()
     got = h.wait_for(lambda i, kind, key, ranks: i == 1 and bool(set(ranks) & set(range(24, 40))), 30)
     assert got is not None, h.said
@@ -120,7 +143,7 @@ def test_when_the_leaders_host_dies_the_first_of_its_children_judges_the_job(hos
     # the hang between two ranks away from the leader's host, so that it is still a deadlock
     h = hosts(culprit=RANKS - 3, partner=9)
     h.start(1, 2, 3, 4, 5)
-    time.sleep(10)
+    h.until(lambda: h.fresh == set(range(RANKS)) and 2 in h.copied)
     h.kill(1)
     h.hang()
     got = h.wait_for(lambda i, kind, key, ranks: i == 2 and kind in ("deadlock", "dead_rank"), 40)
