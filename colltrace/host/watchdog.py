@@ -150,11 +150,10 @@ class Watchdog:
         if self.settings.straggler_share > 0 and len(snap["ranks"]) <= DETAIL_ALL_RANKS:   # records travel
             for s in self.latecomers.update(snap, now):
                 self.outputs.say(render_straggler_line(s))
-        judged = self.store.judgeable(snap)   # a large job: the ranks it asked for in full (host/tree.py)
-        if judged is None:
+        findings = self._judge(snap, summary, others, now)
+        if findings is None:   # a large job whose wanted ranks are not all in full yet
             self._publish(snap, list(self.findings), [], now)
             return []
-        findings = self._judge(judged, summary, others, now)
         if self.settings.dashboard and self.dashboard is None and (self.store.store_address is None or 0 in self.node.traces):
             self.dashboard = False   # on the host of rank 0 only, once; its imports take a second: off this loop
             threading.Thread(target=self.serve_dashboard, name="colltrace-dashboard-start", daemon=True).start()
@@ -176,13 +175,15 @@ class Watchdog:
             self.on_hang.act(why, key)
         return new
 
-    def _judge(self, judged: dict, summary: dict, others: list[dict], now: float) -> list[dict]:
-        """The analysis of this round's snapshot. On a large job (judged from vitals) whose input
-        did not change since the last analysis (every other host's summary the same table: host/
-        storelink.py keeps it while its bytes do not change; this host's ranks the same), the
-        last findings stand for REJUDGE_S: at 16,384 ranks an analysis costs the root 60 ms, which
-        every round would make most of its CPU. Only time can change them then (a wait growing past
-        a threshold, all of them at least REJUDGE_S long), so they come at most that late."""
+    def _judge(self, snap: dict, summary: dict, others: list[dict], now: float) -> list[dict] | None:
+        """The findings on this round's snapshot; None where a large job cannot be judged yet (the
+        ranks the root asked for are not all in full: host/tree.py's judged). On a large job whose
+        input did not change since the last round that judged it (every other host's summary the
+        same table: host/storelink.py keeps it while its bytes do not change; this host's ranks
+        and the groups asked for the same), that round's answer stands for REJUDGE_S: at 16,384
+        ranks picking the judged ranks costs the root 60 ms and an analysis 60 more, which every
+        round would make most of its CPU. Only time can change the answer then (a wait growing
+        past a threshold, a host's beat ageing past lost_after), so it comes at most that late."""
         key = None
         if not self.store.judges_all:
             own = {r: {k: v for k, v in e.items() if k != "heartbeat"} for r, e in summary["ranks"].items()}
@@ -191,7 +192,8 @@ class Watchdog:
             if (last is not None and now - last[0] < REJUDGE_S and last[1][0] == key[0] and last[1][2] == key[2]
                     and len(last[1][1]) == len(key[1]) and all(a is b for a, b in zip(last[1][1], key[1]))):
                 return last[2]
-        findings = verdict.findings_of(judged, self.settings.stall_s, now)
+        judged = self.store.judgeable(snap)   # a large job: the ranks it asked for in full (host/tree.py)
+        findings = None if judged is None else verdict.findings_of(judged, self.settings.stall_s, now)
         self._last_judged = (now, key, findings) if key is not None else None
         return findings
 

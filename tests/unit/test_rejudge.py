@@ -1,5 +1,6 @@
-"""The root of a large job analyzes an unchanged input again only every REJUDGE_S
-(colltrace/host/watchdog.py's _judge): the same tables from the other hosts, the same own ranks."""
+"""The root of a large job judges an unchanged input again only every REJUDGE_S
+(colltrace/host/watchdog.py's _judge): the same tables from the other hosts, the same own ranks,
+the same groups asked for. Both what it picks to judge (tree.judged) and the analysis."""
 from __future__ import annotations
 
 import io
@@ -14,13 +15,16 @@ def test_an_unchanged_large_job_is_analyzed_again_only_after_rejudge_s(tmp_path,
     monkeypatch.setattr(verdict, "findings_of",
                         lambda snap, stall_s, now: calls.append(now) or [{"kind": "deadlock", "key": f"k{len(calls)}"}])
     wd = Watchdog(str(tmp_path), "job", "h", config.load({}), stream=io.StringIO())
+    picked = []
+    wd.store.judgeable = lambda snap: picked.append(snap) or snap   # what it picks to judge (tree.judged)
     wd.store._every = False                      # judged from vitals: more than DETAIL_ALL_RANKS ranks
     wd.store._suspicion.groups = {"0"}
     own = {"ranks": {"0": {"rank": 0, "status": "alive", "heartbeat": 1.0, "progress": {"0": {"entered": 5}}}}}
     others = [{"ranks": {"8": {"rank": 8, "status": "alive"}}}, {"ranks": {"16": {"rank": 16, "status": "alive"}}}]
     first = wd._judge({}, own, others, 100.0)
+    assert len(picked) == 1
     beat = {"ranks": {"0": dict(own["ranks"]["0"], heartbeat=2.0)}}   # only its heartbeat moved
-    assert wd._judge({}, beat, list(others), 100.2) is first and len(calls) == 1
+    assert wd._judge({}, beat, list(others), 100.2) is first and len(calls) == 1 and len(picked) == 1
     assert wd._judge({}, beat, others, 100.0 + watchdog.REJUDGE_S) != first and len(calls) == 2   # time may change it
     # a host's new table (its summary's bytes changed), even equal in content: analyzed at once
     wd._judge({}, beat, [others[0], {"ranks": dict(others[1]["ranks"])}], 100.6)
@@ -35,3 +39,21 @@ def test_an_unchanged_large_job_is_analyzed_again_only_after_rejudge_s(tmp_path,
     wd._judge({}, moved, others, 100.76)
     wd._judge({}, moved, others, 100.77)
     assert len(calls) == 7
+
+
+def test_a_large_job_not_judgeable_yet_is_asked_again_when_its_input_changes(tmp_path, monkeypatch):
+    """Not judgeable (the wanted ranks not all in full): the same answer for an unchanged input
+    within REJUDGE_S; a host's new table (its details came) is judged at once."""
+    monkeypatch.setattr(verdict, "findings_of", lambda snap, stall_s, now: [{"kind": "deadlock", "key": "k"}])
+    wd = Watchdog(str(tmp_path), "job", "h", config.load({}), stream=io.StringIO())
+    wd.store._every = False
+    wd.store._suspicion.groups = {"0"}
+    whole = []
+    wd.store.judgeable = lambda snap: snap if whole else None
+    own = {"ranks": {"0": {"rank": 0, "status": "alive", "heartbeat": 1.0}}}
+    others = [{"ranks": {"8": {"rank": 8, "status": "alive", "vital": True}}}]
+    assert wd._judge({}, own, others, 100.0) is None
+    whole.append(True)   # would be judgeable now, but nothing it reads changed: the answer stands
+    assert wd._judge({}, own, others, 100.1) is None
+    came = [{"ranks": {"8": {"rank": 8, "status": "alive", "records": []}}}]   # host 2's details came
+    assert wd._judge({}, own, came, 100.2) == [{"kind": "deadlock", "key": "k"}]
