@@ -69,10 +69,7 @@ class Latecomers:
         self._judged = now
         kept = list(self._arrivals.values())
         self.current = stragglers.judge(kept, self.sampled)
-        for r in [r for r in self._sampling_since if r not in self.to_sample()]:
-            del self._sampling_since[r]
-        for r in self.to_sample():
-            self._sampling_since.setdefault(r, now)
+        self._sampling_since = {r: self._sampling_since.get(r, now) for r in self.to_sample()}
         if not kept:
             return []
         span = max(a.times[-1][0] for a in kept) - min(a.times[0][0] for a in kept)

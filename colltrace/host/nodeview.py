@@ -106,7 +106,8 @@ class NodeView:
     def entry(self, rank: int) -> dict:
         tr = self.traces[rank]
         act = self.activity.get(rank)
-        return build.host_entry(tr.snapshot_entry(samples_since=time.time() - samples.SEND_S), keep_records=SUMMARY_RECORDS, died_at=self.died_at.get(rank),
+        return build.host_entry(tr.snapshot_entry(samples_since=time.time() - samples.SEND_S),
+                                keep_records=SUMMARY_RECORDS, died_at=self.died_at.get(rank),
                                 live_stack=self.live_stacks.get(rank), last_event_t=tr.last_event_t,
                                 activity=act.classify() if act is not None and act.procs else None)
 

@@ -28,7 +28,7 @@ from colltrace.reporters.stragglers import render_straggler_line
 
 CERTAIN_KINDS = ("deadlock", "mismatch", "dead_rank")   # what a stall can turn into
 SUPERSEDABLE = ("stall", "unmatched_p2p")
-REJUDGE_S = 0.5               # a large job's unchanged input is analyzed again this often (SETTLE_S's and the death's wait fit)
+REJUDGE_S = 0.5               # a large job's unchanged input is judged again this often (SETTLE_S's and the death's wait fit)
 WATCHDOG_NICE = 10            # scheduling priority of the watchdog's threads (0 = the ranks')
 
 
@@ -83,7 +83,7 @@ class Watchdog:
         self.findings: list[dict] = []      # every finding reported, in order
         self._states: dict[str, dict] = {}  # finding key -> its missing ranks' activity states, last said
         self._view: View | None = None
-        self._last_judged: tuple | None = None   # (when, its input's key, the findings): Watchdog._judge
+        self._last_judged: tuple | None = None   # (when, its input's key, the answer, the tables): _judge
         self._subscribers: list = []
         self._start_dashboard = start_dashboard
         self.dashboard = None              # COLLTRACE_DASHBOARD: its server once started (False: failed or none)
@@ -131,9 +131,10 @@ class Watchdog:
             others = others + [self.store.lost_leader]
         snap = merge([summary] + others, now)
         if self.leader:
-            wanted = suspects(snap, now)
-            self.store.want(wanted, snap, now, parts=[summary] + others, sample=self.latecomers.to_sample())
-        sample = self.latecomers.to_sample() if self.leader else self.store.sample_wanted
+            wanted, sample = suspects(snap, now), self.latecomers.to_sample()
+            self.store.want(wanted, snap, now, parts=[summary] + others, sample=sample)
+        else:
+            sample = self.store.sample_wanted
         if sample:
             self.node.ask_samples(sample)   # its own stragglers sample themselves (tracefile/samples.py)
         local = {r for r in self.node.traces if r in wanted}   # its own few, not every rank wanted
@@ -184,17 +185,17 @@ class Watchdog:
         ranks picking the judged ranks costs the root 60 ms and an analysis 60 more, which every
         round would make most of its CPU. Only time can change the answer then (a wait growing
         past a threshold, a host's beat ageing past lost_after), so it comes at most that late."""
-        key = None
+        key, tables = None, [o["ranks"] for o in others]
         if not self.store.judges_all:
             own = {r: {k: v for k, v in e.items() if k != "heartbeat"} for r, e in summary["ranks"].items()}
-            key = (repr(sorted(own.items())), [o["ranks"] for o in others], frozenset(self.store.suspected_groups))
+            # the tables by identity: _last_judged holds them, so no id is reused while compared
+            key = (repr(sorted(own.items())), frozenset(self.store.suspected_groups), tuple(map(id, tables)))
             last = self._last_judged
-            if (last is not None and now - last[0] < REJUDGE_S and last[1][0] == key[0] and last[1][2] == key[2]
-                    and len(last[1][1]) == len(key[1]) and all(a is b for a, b in zip(last[1][1], key[1]))):
+            if last is not None and now - last[0] < REJUDGE_S and last[1] == key:
                 return last[2]
         judged = self.store.judgeable(snap)   # a large job: the ranks it asked for in full (host/tree.py)
         findings = None if judged is None else verdict.findings_of(judged, self.settings.stall_s, now)
-        self._last_judged = (now, key, findings) if key is not None else None
+        self._last_judged = (now, key, findings, tables) if key is not None else None
         return findings
 
     def _supersede(self, new: list[dict], findings: list[dict]) -> None:
