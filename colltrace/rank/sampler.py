@@ -60,6 +60,13 @@ class Sampler:
             self._gc.append((self._gc_start, time.time()))
             self._gc_start = None
 
+    def _pauses(self) -> list[str]:
+        out = []
+        while self._gc:
+            a, b = self._gc.pop(0)
+            out.append(f'{{"gc":[{a:.4f},{b:.4f}]}}')
+        return out
+
     def _run(self) -> None:
         main = threading.main_thread().ident
         period = 1.0 / samples.SAMPLE_HZ
@@ -84,13 +91,12 @@ class Sampler:
                         sid = self._ids[key_t] = len(self._ids) + 1
                         lines.append(json.dumps({"s": sid, "f": [list(k) for k in reversed(key)]}))
                     lines.append(f"[{time.time():.4f},{sid}]")
-                    while self._gc:
-                        a, b = self._gc.pop(0)
-                        lines.append(f'{{"gc":[{a:.4f},{b:.4f}]}}')
-                    text = "\n".join(lines) + "\n"
+                    text = "\n".join(lines + self._pauses()) + "\n"
                     f.write(text)
                     f.flush()
                     self._written += len(text)
+                # A collection that ended after the last sample is still one the others waited through.
+                f.write("".join(p + "\n" for p in self._pauses()))
                 f.write(json.dumps({"cpu": [round(time.time() - wall0, 4), round(time.thread_time() - cpu0, 4)]}) + "\n")
         except OSError:   # a full folder: sampling steps aside, tracing goes on
             self.failed = True

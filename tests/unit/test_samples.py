@@ -10,13 +10,15 @@ from colltrace.rank.sampler import Sampler
 from colltrace.tracefile import samples
 
 
-def busy_loading(seconds):
-    """The main thread's stand-in for a slow data loader (a sampled frame of its own)."""
+def busy_loading(seconds, sampler=None):
+    """The main thread's stand-in for a slow data loader (a sampled frame of its own). With a
+    sampler, one garbage collection once its first sample is written, so inside its window."""
     end = time.time() + seconds
+    collected = sampler is None
     while time.time() < end:
         time.sleep(0.005)
-        if time.time() > end - seconds / 2 and not getattr(busy_loading, "collected", False):
-            busy_loading.collected = True
+        if not collected and os.path.exists(sampler.path) and os.path.getsize(sampler.path) > 0:
+            collected = True
             gc.collect()   # a garbage collection while sampled: noted apart
 
 
@@ -32,7 +34,7 @@ def test_asked_it_samples_the_main_thread_at_a_bounded_rate_then_stops(tmp_path)
     s = Sampler(d, 3)
     samples.ask(d, 3, seconds=0.6)
     s.poll()
-    busy_loading(0.9)
+    busy_loading(0.9, s)
     s._thread.join(timeout=2)
     assert not s._thread.is_alive()   # the request's time ran out
     log = samples.SampleLog(samples.samples_path(d, 3))
