@@ -15,7 +15,8 @@ group of two: a certain deadlock from that instant. --flat: every host publishes
 directly (the exchange before the tree: fanout larger than the job). --compare: the flat exchange
 first, then the tree, in one run (the last line is the tree's).
 SCALE_LIVE_PROFILE=FILE: the leader's cProfile stats into FILE; SCALE_LIVE_PROFILE_WORKERS=PREFIX:
-each worker's, from the hang on, into PREFIX.PID.
+each worker's, from the hang on, into PREFIX.PID; SCALE_LIVE_TRACE=1: the leader's rounds from the
+hang to the verdict, one line each on stderr.
 Last line, exactly:
     scale: N ranks as H hosts: verdict X.XX s after the hang, root CPU Y% of a core, Z MB/s
 (root CPU: the leader's process, its store server included, from the hang until AFTER_S after
@@ -109,6 +110,35 @@ def worker(indices, ranks, fan, port, t0, hang_at, ready, done, results, period)
     results.put(("traffic", _traffic(wds) - (base or 0), rounds))
 
 
+class _Clocked(io.StringIO):
+    """The leader's stderr: when the verdict's paragraph ("Deadlock: ...") was first written."""
+    first_said = None
+
+    def write(self, text):
+        if self.first_said is None and "Deadlock" in text:
+            self.first_said = time.time()
+        return super().write(text)
+
+
+def _trace_round(wd, view, since_hang: float, took: float, new: list) -> None:
+    """SCALE_LIVE_TRACE: one line a leader round from the hang to the verdict: what it held in
+    full, the groups it asked for, what it judged."""
+    from colltrace.host import tree
+
+    ranks = view.snapshot["ranks"] if view is not None else {}
+    full = sum(1 for e in ranks.values() if isinstance(e, dict) and tree.detailed(e))
+    last = wd._last_judged
+    judged = "not judgeable" if last is None or last[2] is None else [f.get("kind") for f in last[2]]
+    if last is not None and last[1] is not None:
+        ids = last[1][2]
+        prev = getattr(_trace_round, "ids", ())
+        _trace_round.ids = ids
+        judged = f"{judged} ({sum(1 for a, b in zip(ids, prev) if a != b)} of {len(ids)} tables new, at {last[0] % 100:.2f})"
+    print(f"scale_live: root +{since_hang:.2f} s, round {took * 1000:.0f} ms: {len(ranks)} ranks, {full} in full, "
+          f"asked {sorted(wd.store.suspected_groups)}, judged {judged}, new {[f.get('kind') for f in new]}",
+          file=sys.stderr, flush=True)
+
+
 def root(ranks, fan, port, t0, hang_at, ready, done, results, period) -> None:
     os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
     import psutil
@@ -117,7 +147,8 @@ def root(ranks, fan, port, t0, hang_at, ready, done, results, period) -> None:
 
     job = _job(ranks, t0, None)
     d = tempfile.mkdtemp(prefix="ct-scale-root-")
-    wd = simhosts.host_watchdog(job, 1, ("127.0.0.1", port), d, io.StringIO(), fan)
+    stream = _Clocked()
+    wd = simhosts.host_watchdog(job, 1, ("127.0.0.1", port), d, stream, fan)
     me = psutil.Process()
     prof = None
     if os.environ.get("SCALE_LIVE_PROFILE"):   # where the leader's time goes: pstats into this file
@@ -125,6 +156,7 @@ def root(ranks, fan, port, t0, hang_at, ready, done, results, period) -> None:
         prof = cProfile.Profile()
         prof.enable()
     verdict, cpu0, t_cpu0, said, base, certain = None, None, None, False, None, None
+    trace = bool(os.environ.get("SCALE_LIVE_TRACE"))
     while not done.value:
         start = time.time()
         job.hang_at = hang_at.value or None
@@ -137,13 +169,16 @@ def root(ranks, fan, port, t0, hang_at, ready, done, results, period) -> None:
             print(f"scale_live: leader: {exc!r}", file=sys.stderr)
             new = []
         view = wd.view()
+        if trace and job.hang_at and start >= job.hang_at and verdict is None:
+            _trace_round(wd, view, start - job.hang_at, time.time() - start, new)
         if job.hang_at and certain is None and view is not None and _all_hung(view.snapshot, ranks):
             certain = time.time() - job.hang_at
         if not said and wd.store.link is not None:
             said = True
             ready.put(1)
         if verdict is None and any(f.get("kind") == "deadlock" for f in new) and job.hang_at:
-            verdict = time.time() - job.hang_at
+            # when its paragraph reached the job's stderr (the files after it take longer)
+            verdict = (stream.first_said or time.time()) - job.hang_at
             text = [f"{f.get('kind')} {f.get('key')}, {len(f.get('ranks') or ())} ranks named" for f in new]
         if verdict is not None and cpu0 not in (None, REPORTED) and time.time() >= job.hang_at + max(verdict, AFTER_S):
             c = me.cpu_times()

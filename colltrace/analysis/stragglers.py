@@ -7,8 +7,10 @@ Read from what the ranks already record (each record's `entered_at`): the hot pa
 more for it. Only collectives every member's record is there for are compared (a record window
 that starts at different numbers on different ranks compares nothing it cannot), point-to-point
 and untraced ones left out. The ranks' clocks are their hosts': on one host exact; across hosts
-the lag carries the hosts' clock offset (NTP keeps it to about a millisecond; lags below NOISE_S
-are nobody's).
+each host's offset to the leader's clock, measured through the exchange (host/clock.py: the
+snapshot's "clocks"), is taken off its ranks' times, and a lag is counted only above NOISE_S plus
+the two hosts' error bounds (half a ping's round trip each: well under a millisecond on a LAN).
+Where no offset was measured (an older trace) the times are compared as recorded.
 
 A rank stands out only when it came last far more often than chance (an even job on a loaded
 machine has every rank last now and then), in enough collectives, and the wait it caused is a
@@ -50,8 +52,20 @@ class Arrival:
     """One collective that every member of its group recorded entering: when each did."""
     group: str
     seq: int
-    times: tuple[tuple[float, int], ...]   # (entered_at, rank), earliest first
+    times: tuple[tuple[float, int], ...]   # (entered_at on the leader's clock, rank), earliest first
     frames: dict                           # rank -> its record's frames (its call site)
+    shift: dict = field(default_factory=dict)   # rank -> its host's offset, taken off its time
+    bound: dict = field(default_factory=dict)   # rank -> that offset's error bound
+
+    @property
+    def error_s(self) -> float:
+        """How wrong lag_s may be: the last member's clock error bound, plus the largest of all
+        (any member, its time off by its bound, may be the true first)."""
+        return self.bound.get(self.times[-1][1], 0.0) + max(self.bound.values(), default=0.0)
+
+    def own_time(self, rank: int, t: float) -> float:
+        """A time on the leader's clock, on `rank`'s own (its samples are stamped so)."""
+        return t + self.shift.get(rank, 0.0)
 
     @property
     def last(self) -> int:
@@ -78,27 +92,40 @@ def arrivals(snap: dict) -> list[Arrival]:
     """The collectives of a snapshot that every member recorded entering (point-to-point and
     untraced ones left out), in no particular order."""
     groups = snap.get("groups") or {}
+    got_clocks = snap.get("clocks")
+    clocks: dict = got_clocks if isinstance(got_clocks, dict) else {}
     seen: dict[tuple[str, int], dict[int, tuple[float, list]]] = {}
+    shift: dict[int, float] = {}
+    bound: dict[int, float] = {}
     for key, entry in (snap.get("ranks") or {}).items():
         if not isinstance(entry, dict):
             continue
         rank = entry.get("rank", key)
         rank = int(rank) if str(rank).isdigit() else None
+        offset = clocks.get(str(entry.get("host")))
+        if rank is not None and isinstance(offset, list) and _pair(offset) and (offset[0] or offset[1]):
+            shift[rank], bound[rank] = float(offset[0]), float(offset[1])
         for r in entry.get("records") or ():
             if rank is None or not isinstance(r, dict) or r.get("p2p") or r.get("op") == "untraced":
                 continue
             t, seq = r.get("entered_at"), r.get("seq")
             if not isinstance(t, (int, float)) or isinstance(t, bool) or type(seq) is not int:
                 continue
-            seen.setdefault((str(r.get("group")), seq), {})[rank] = (float(t), r.get("frames") or [])
+            seen.setdefault((str(r.get("group")), seq), {})[rank] = (float(t) - shift.get(rank, 0.0),
+                                                                      r.get("frames") or [])
     out = []
     for (group, seq), got in seen.items():
         members = [m for m in (groups.get(group) or {}).get("ranks") or () if type(m) is int]
         if len(members) < 2 or len(got) != len(members) or set(got) != set(members):
             continue
         out.append(Arrival(group, seq, tuple(sorted((t, rank) for rank, (t, _) in got.items())),
-                           {rank: frames for rank, (_, frames) in got.items()}))
+                           {rank: frames for rank, (_, frames) in got.items()},
+                           {m: shift[m] for m in members if m in shift}, {m: bound[m] for m in members if m in bound}))
     return out
+
+
+def _pair(v) -> bool:
+    return isinstance(v, list) and len(v) == 2 and all(type(x) in (int, float) for x in v)
 
 
 @dataclass
@@ -181,7 +208,7 @@ def judge(found: list[Arrival], sampled: dict[int, Sampled] | None = None) -> li
             compared[rank] += 1
             size[rank] = max(size.get(rank, 0), len(times))
         lag = a.lag_s
-        if lag < NOISE_S:
+        if lag < NOISE_S + a.error_s:
             continue
         who = a.last
         s = late.setdefault(who, {"n": 0, "waited": 0.0, "lag": 0.0, "where": Counter(), "seen": Counter(),
@@ -193,8 +220,9 @@ def judge(found: list[Arrival], sampled: dict[int, Sampled] | None = None) -> li
         if mine:
             s["where"][_site(mine[-1])] += 1
         got = sampled.get(who)
+        s["error"] = max(s.get("error", 0.0), a.error_s)
         if got is not None:   # its own clock: the window ends at its own entry
-            t = a.times[-1][0]
+            t = a.own_time(who, a.times[-1][0])
             for frames in got.within(t - lag, t):
                 inner = user_frames(frames)
                 if inner:
@@ -214,7 +242,7 @@ def judge(found: list[Arrival], sampled: dict[int, Sampled] | None = None) -> li
         out.append({"rank": rank, "waited_for_s": round(s["waited"], 3), "late_share": round(min(share, 1.0), 3),
                     "collectives": s["n"], "of": of, "lag_s": round(s["lag"] / s["n"], 4), "where": where,
                     "where_from": "samples" if s["seen"] else "calls", "samples": sum(s["seen"].values()),
-                    "gc_s": round(s["gc"], 4)})
+                    "gc_s": round(s["gc"], 4), "clock_error_s": round(s.get("error", 0.0), 6)})
     out.sort(key=lambda x: (-x["waited_for_s"], x["rank"]))
     return out
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
-from colltrace.host import meeting, storelink, tree
+from colltrace.host import clock, meeting, storelink, tree
 from colltrace.model.build import compact_entry
 from colltrace.words import format_ranks
 
@@ -45,6 +45,8 @@ class Exchange:
         self.warned = False
         self.next_try = 0.0                # time.time() of the next connection attempt
         self._published_at = 0.0
+        self._shape: dict | None = None     # which ranks went up in full, and their status, when last published
+        self._bare: tuple | None = None     # (the link, what it published less the beats): unchanged -> beats only
         self._wanted: tuple = ()
         self._want_raw: bytes | None = None
         self._fresh_want = False            # publish at once: the leader waits for these entries
@@ -53,6 +55,8 @@ class Exchange:
         self._leader_wait_since: float | None = None
         self._leader_copy: tuple[float, dict] | None = None   # (when, the leader's node summary)
         self.lost_leader: dict | None = None   # the leader's ranks, marked dead, once its host stopped answering
+        self._answerers: list[clock.Answerer] = []   # on the servers this host serves: clock pings answered
+        self._probe: clock.Probe | None = None       # this host's clock against its parent's (host/clock.py)
 
     @property
     def leader(self) -> bool:
@@ -100,6 +104,7 @@ class Exchange:
             link = storelink.StoreLink(*self.meeting.address)
             link.node_index = int(link._store.add(storelink.PREFIX + "nodes", 1))   # 1: the others know it
             self.meeting.announce()
+            self._answer(self.meeting.address)
             self.link = link
             return
         if self.has_children and self.serving is None:
@@ -107,6 +112,7 @@ class Exchange:
             below = storelink.StoreLink(*self.serving.address)
             below.node_index = int(below._store.add(storelink.PREFIX + "nodes", 1))   # 1: its children know it
             self.serving.announce()
+            self._answer(self.serving.address)
             self.below = below
         parent = self.tree_parent
         keys = (meeting.LEADER_KEY,) + ((meeting.parent_key(parent),) if parent else ())
@@ -130,8 +136,28 @@ class Exchange:
                                        f"{self.store_address[0]}:{self.store_address[1]} after {LEADER_WAIT_S:.0f} s")
         self.next_try = now + LEADER_POLL_S   # not announced yet: ask again, quietly
 
+    def _answer(self, address) -> None:
+        if not storelink.MANY_HOSTS_IN_ONE_PROCESS:   # simulated hosts share one clock
+            self._answerers.append(clock.Answerer(address))
+
+    def _clock(self, link: storelink.StoreLink) -> list | None:
+        """This host's clock against the server it publishes to ([offset, bound]; None until measured)."""
+        if storelink.MANY_HOSTS_IN_ONE_PROCESS:
+            return None
+        address = storelink.parse_address(link.address)
+        if self._probe is None or self._probe.address != address:
+            if self._probe is not None:
+                self._probe.stop()
+            self._probe = clock.Probe(address, str(self.node.host_name()))
+        return list(self._probe.offset) if self._probe.offset is not None else None
+
     def close(self) -> None:
         """The job is over: tell the other hosts, then take the one key out of the job's store."""
+        for a in self._answerers:
+            a.stop()
+        self._answerers = []
+        if self._probe is not None:
+            self._probe.stop()
         serving, self.serving = self.serving, None
         if serving is not None:
             if self.took_over:
@@ -221,16 +247,30 @@ class Exchange:
             now = time.time()
             if self.below is not None and not self.leader:
                 summary = self._subtree(summary, now)
+            if not self.leader:
+                offset = self._clock(link)
+                if offset is not None:
+                    summary = dict(summary, clock=offset)
             want = self._want
-            if now - self._published_at >= storelink.PUBLISH_S or self._fresh_want:
-                ranks = tree.slim(summary["ranks"], want, now)
-                ranks = {r: compact_entry(e) if tree.detailed(e) and "cls" not in e else e for r, e in ranks.items()}
-                classes = summary.get("classes") or {}
-                if not want["all"]:   # a large job: equal states travel once (tree.fold)
-                    ranks, classes = tree.fold(ranks, classes)
-                link.publish_node({**summary, "own": sorted(int(r) for r in self.node.traces), "ranks": ranks,
-                                   "classes": classes})
-                self._published_at, self._fresh_want = now, False
+            ranks = tree.slim(summary["ranks"], want, now)
+            # What a verdict waits for goes up at once: a rank newly sent in full (it waits, the
+            # root asked, it died) or whose status changed. The rest every PUBLISH_S; and where
+            # nothing but the beats changed (a hung job), only the beats, nothing encoded.
+            shape = {r: (tree.detailed(e), e.get("status")) if isinstance(e, dict) else None for r, e in ranks.items()}
+            urgent = self._fresh_want or shape != self._shape
+            if urgent or now - self._published_at >= storelink.PUBLISH_S:
+                bare = (storelink.without_beats(ranks), {k: v for k, v in summary.items() if k not in ("t", "ranks")})
+                if not urgent and self._bare is not None and self._bare[0] is link and self._bare[1] == bare:
+                    link.publish_beat({"t": summary.get("t"), "ranks": ranks})
+                else:
+                    ranks = {r: compact_entry(e) if tree.detailed(e) and "cls" not in e else e for r, e in ranks.items()}
+                    classes = summary.get("classes") or {}
+                    if not want["all"]:   # a large job: equal states travel once (tree.fold)
+                        ranks, classes = tree.fold(ranks, classes)
+                    link.publish_node({**summary, "own": sorted(int(r) for r in self.node.traces), "ranks": ranks,
+                                       "classes": classes})
+                    self._bare = (link, bare)
+                self._published_at, self._fresh_want, self._shape = now, False, shape
             if self.leader:
                 return link.node_summaries(skip=link.node_index), set()
             want_raw, hang, ended = link.control()

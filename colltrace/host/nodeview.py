@@ -112,7 +112,7 @@ class NodeView:
                                 activity=act.classify() if act is not None and act.procs else None)
 
     def summary(self) -> dict:
-        return {"host": self.host, "t": time.time(), "groups": reader.groups_of(self.traces.values()),
+        return {"host": self.host_name(), "t": time.time(), "groups": reader.groups_of(self.traces.values()),
                 "ranks": {str(r): self.entry(r) for r in self.traces}}
 
     def refresh_stacks(self, ranks, native=False, force=False) -> None:

@@ -30,8 +30,15 @@ class Outputs:
                      "findings go to this output only")
 
     def findings(self, new: list[dict], reported: list[dict], snap: dict) -> None:
-        """New findings: appended to findings.jsonl, the snapshot and report rewritten, each
-        finding's paragraph and stack classes on the stream."""
+        """New findings: each finding's paragraph and stack classes on the stream first (on a
+        large job the files take a second more), then appended to findings.jsonl, the snapshot
+        and report rewritten."""
+        for finding in new:
+            classes = stacks.render_stack_classes(finding)
+            self.stream.write("\n" + report.paragraph(finding) + "\n" + (classes + "\n" if classes else ""))
+            if finding.get("supersedes"):
+                self.stream.write(report.supersedes_line(finding) + "\n")
+        self.stream.flush()
         try:
             with open(os.path.join(self.dir, "findings.jsonl"), "a") as f:
                 for finding in new:
@@ -40,11 +47,6 @@ class Outputs:
             self.report(reported, snap)
         except OSError as exc:
             self._write_failed(exc)
-        for finding in new:
-            classes = stacks.render_stack_classes(finding)
-            self.stream.write("\n" + report.paragraph(finding) + "\n" + (classes + "\n" if classes else ""))
-            if finding.get("supersedes"):
-                self.stream.write(report.supersedes_line(finding) + "\n")
         self.say(f"colltrace: details in {self.dir}/report.txt; run: colltrace analyze {self.dir}")
 
     def report(self, reported: list[dict], snap: dict | None = None) -> None:

@@ -92,15 +92,22 @@ def node_payload(summary: dict) -> tuple[bytes, bytes, int, bytes]:
     groups = encode(summary.pop("groups", None) or {})
     crc = zlib.crc32(groups)
     summary["groups_crc"] = crc
-    beat = {"t": summary.pop("t", None), "hb": {}}
-    ranks = {}
-    for r, e in (summary.get("ranks") or {}).items():
-        if isinstance(e, dict) and "heartbeat" in e:
-            e = dict(e)
-            beat["hb"][r] = e.pop("heartbeat")
-        ranks[r] = e
-    summary["ranks"] = ranks
-    return encode(summary), groups, crc, json.dumps(beat, separators=(",", ":")).encode()
+    beat = beat_payload(summary)
+    summary.pop("t", None)
+    summary["ranks"] = without_beats(summary.get("ranks") or {})
+    return encode(summary), groups, crc, beat
+
+
+def without_beats(ranks: dict) -> dict:
+    """The ranks' entries less their heartbeats (what changes every round even in a hang)."""
+    return {r: {k: v for k, v in e.items() if k != "heartbeat"} if isinstance(e, dict) and "heartbeat" in e else e
+            for r, e in ranks.items()}
+
+
+def beat_payload(summary: dict) -> bytes:
+    """A summary's beat, encoded: its time and its ranks' heartbeats."""
+    hb = {r: e["heartbeat"] for r, e in (summary.get("ranks") or {}).items() if isinstance(e, dict) and "heartbeat" in e}
+    return json.dumps({"t": summary.get("t"), "hb": hb}, separators=(",", ":")).encode()
 
 
 def quiet_c10d() -> None:
@@ -205,6 +212,18 @@ class StoreLink:
             self.traffic += sum(len(v) for v in values)
             if confirm:
                 self._applied(key + "/beat")
+        except Exception as exc:
+            raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None
+
+    def publish_beat(self, summary: dict) -> None:
+        """Only the beat: the rest of this node's summary is what it last published (the caller
+        knows it did not change), so nothing is encoded but the heartbeats."""
+        if self.node_index is None or self._data is None:
+            return self.publish_node(summary)
+        try:
+            beat = beat_payload(summary)
+            self._store.multi_set([f"{PREFIX}node/{self.node_index}/beat"], [beat])
+            self.traffic += len(beat)
         except Exception as exc:
             raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None
 

@@ -25,6 +25,7 @@ import json
 import math
 import os
 
+from colltrace.model.build import clock_offsets
 from colltrace.model.schema import ALIVE, PENDING, UNKNOWN
 
 FANOUT = 32               # children per parent: a store server serves at most this many hosts
@@ -232,7 +233,8 @@ def merge_subtree(own: dict, children: list[dict], now: float) -> dict:
             if have is None or _beat(e) >= _beat(have):
                 ranks[r] = e
     return dict(own, t=now, ranks=ranks, groups=groups, classes=classes,
-                hosts=1 + sum(int(s.get("hosts") or 1) for s in children))
+                hosts=1 + sum(int(s.get("hosts") or 1) for s in children),
+                clocks=clock_offsets(own.get("host"), children))
 
 
 def _beat(e) -> float:

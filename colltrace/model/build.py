@@ -121,6 +121,8 @@ def from_files(entries: dict, groups: dict, saved: dict | None) -> dict:
                 if entry.get(key) is not None and not (key == "status" and mine["status"] in ENDED):
                     mine[key] = entry[key]
         snap["taken_at"] = float(saved.get("taken_at") or 0.0)
+        if isinstance(saved.get("clocks"), dict):   # the hosts' clock offsets the leader measured
+            snap["clocks"] = saved["clocks"]
     last_seen = [snap["taken_at"]]
     for e in snap["ranks"].values():
         last_seen.append(e.get("heartbeat") or 0.0)
@@ -155,11 +157,41 @@ def job_stall_s(snap: dict) -> float | None:
 
 
 def merge(summaries: list[dict], now: float) -> dict:
+    """One snapshot of these summaries (the first: this host's own); where hosts measured their
+    clocks (host/clock.py), each host's offset to this one's as "clocks"."""
     snap: dict = dict(empty(now))
     for s in summaries:
         snap["groups"].update(s.get("groups") or {})
         snap["ranks"].update(s.get("ranks") or {})
+    if summaries:
+        clocks = clock_offsets(summaries[0].get("host"), summaries[1:], summaries[0].get("clocks"))
+        if len(clocks) > 1:
+            snap["clocks"] = clocks
     return snap
+
+
+def _pair(v) -> bool:
+    return isinstance(v, list) and len(v) == 2 and all(type(x) in (int, float) for x in v)
+
+
+def clock_offsets(own_host, children: list[dict], own: dict | None = None) -> dict:
+    """{host: [its clock minus this host's, error bound]} over a subtree (host/clock.py): this
+    host at 0 (and the hosts `own` already holds, a subtree's); each child's host at the offset it
+    measured to this one ("clock"); each host below a child at its offset to that child ("clocks")
+    plus the child's, the bounds added. A child not measured yet adds nothing (its hosts' times
+    are compared as they are)."""
+    out: dict[str, list] = {str(h): v for h, v in (own or {}).items() if _pair(v)}
+    out.setdefault(str(own_host), [0.0, 0.0])
+    for s in children:
+        mine = s.get("clock")
+        if not isinstance(mine, list) or not _pair(mine) or s.get("host") is None:
+            continue
+        out.setdefault(str(s["host"]), [round(mine[0], 6), round(mine[1], 6)])
+        below = s.get("clocks")
+        for h, v in (below.items() if isinstance(below, dict) else ()):
+            if _pair(v):
+                out.setdefault(str(h), [round(v[0] + mine[0], 6), round(v[1] + mine[1], 6)])
+    return out
 
 
 def compact_frames(frames: list[dict], roots: dict | None = None) -> list[dict]:

@@ -92,11 +92,15 @@ class RankEntry(TypedDict, total=False):
     vital: bool                 # a large job's vitals only (host/tree.py)
 
 
-class Snapshot(TypedDict):
+class _SnapshotBase(TypedDict):
     version: int
     taken_at: float
     groups: dict       # name -> Group
     ranks: dict        # str(rank) -> RankEntry
+
+
+class Snapshot(_SnapshotBase, total=False):
+    clocks: dict       # host -> [its clock minus the leader's, error bound] (host/clock.py); multi-host live jobs
 
 
 class SnapshotError(InputError):

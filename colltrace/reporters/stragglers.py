@@ -43,4 +43,11 @@ def _straggler_where(s: dict, most: int) -> str:
         text = f"; it called them from {sites}"
     if (s.get("gc_s") or 0) >= 0.001:
         text += f"; garbage collection held it {1000 * s['gc_s']:.0f} ms of that time"
+    if (s.get("clock_error_s") or 0) > 0:   # compared across hosts: their clocks' offsets taken off
+        text += f" (hosts' clocks matched to within {_ms(s['clock_error_s'])})"
     return text
+
+
+def _ms(seconds: float) -> str:
+    ms = 1000 * seconds
+    return f"{ms:.1f} ms" if ms < 10 else f"{ms:.0f} ms"

@@ -200,3 +200,10 @@ def test_a_late_rank_on_the_other_host_is_named_live_by_the_leader(two_hosts, tm
     assert said["b"] == [] and len(said["a"]) == 1, said
     assert said["a"][0].startswith("colltrace: straggler: rank 3 arrived last at ")
     assert "while they waited it was at late_loader.py:" in said["a"][0] and "(load_batch) in " in said["a"][0], said
+    # host b measured its clock against the leader's through the store: the same machine's clock
+    # here, so the offset lies within its bound, and the bound is a local round trip's
+    with open(os.path.join(dirs["a"], "snapshot.json")) as f:
+        clocks = json.load(f)["clocks"]
+    offset, bound = clocks["b"]
+    assert clocks["a"] == [0.0, 0.0] and 0 < bound < 0.01 and abs(offset) <= bound + 1e-6, clocks
+    assert "(hosts' clocks matched to within " in said["a"][0], said

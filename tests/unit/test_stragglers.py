@@ -154,3 +154,21 @@ def test_odd_samples_are_passed_over():
     [s] = stragglers.find(snap)
     assert s["samples"] == 1 and s["where"] == [{"file": "/job/data.py", "line": 41, "func": "load_batch", "share": 1.0}]
     assert s["gc_s"] == 0.03
+
+
+def test_across_hosts_each_hosts_clock_offset_is_taken_off_before_arrivals_are_compared():
+    # ranks 4-7 on node2, whose clock runs 200 ms ahead; rank 1 (node1) is truly 40 ms late
+    rng = random.Random(3)
+    snap = job(8, 150, lambda r, s: (0.2 if r >= 4 else 0.0) + (0.040 if r == 1 else 0.0) + rng.uniform(0, 0.002))
+    for r, e in snap["ranks"].items():
+        e["host"] = "node2" if int(r) >= 4 else "node1"
+    assert 1 not in [s["rank"] for s in stragglers.find(snap)]   # uncorrected, node2's clock hides it
+    snap["clocks"] = {"node1": [0.0, 0.0], "node2": [0.2, 0.0004]}
+    got = stragglers.find(snap)
+    assert [s["rank"] for s in got] == [1]
+    assert 0.038 <= got[0]["lag_s"] <= 0.042 and got[0]["clock_error_s"] == 0.0004   # its own 0, node2's
+    # a lag within the clocks' error bound is nobody's: node2 measured only to within 50 ms
+    snap["clocks"]["node2"] = [0.2, 0.05]
+    assert stragglers.find(snap) == []
+    snap["clocks"]["node2"] = [0.2, 0.0004]
+    assert "(hosts' clocks matched to within 0.4 ms)" in render_stragglers(stragglers.find(snap))

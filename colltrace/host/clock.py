@@ -1,0 +1,121 @@
+"""How far each host's clock is from the root's, measured through the exchange (no NTP assumed).
+
+The ranks stamp their records with their own host's wall clock; comparing arrivals across hosts
+(analysis/stragglers.py) needs each host's offset to one clock. A host that serves a store (the
+leader's meeting point, a parent in the tree) runs an Answerer: a thread with its own connection,
+blocked in the store's queue until a ping comes, that answers it with its own time at once. A host
+with a parent runs a Probe: every PROBE_EVERY_S, BURST pings, each timed from before its push to
+after the answer came (a blocking get on its own connection):
+
+    sent t1 (host clock)  ->  answered t2 (parent clock)  ->  received t3 (host clock)
+
+The answer was given between send and receive, so the host's clock minus the parent's lies in
+[t1 - t2, t3 - t2]: the offset is that interval's middle and its error bound half its width, half
+the round trip (a LAN's: well under a millisecond; the ping with the shortest trip of a burst is
+kept). Offsets compose up the tree (model/build.py's clock_offsets, in every merge): a host's
+offset to the root is its own to its parent plus its parent's to the root, the bounds added.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from colltrace.host import storelink
+
+PING_KEY = storelink.PREFIX + "clock/ping"
+PROBE_EVERY_S = 30.0      # clocks disciplined or not drift far less than a millisecond in this time
+BURST = 5                 # pings a measurement; the shortest round trip wins
+ANSWER_WAIT_S = 2.0       # a ping not answered within this: the parent serves no Answerer (an older one)
+STOP = b"stop"
+
+
+def pong_key(who: str, n: int) -> str:
+    return f"{storelink.PREFIX}clock/pong/{who}/{n}"
+
+
+class Answerer:
+    """On a host serving a store: answers pings with this host's time, until stop()."""
+
+    def __init__(self, address: tuple[str, int], clock=time.time):
+        self.address, self.clock = address, clock
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="colltrace-clock", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            client = storelink._connect(self.address[0], self.address[1], 30.0, attempts=1)
+        except storelink.StoreError:
+            return
+        while not self._stopped:
+            try:
+                raw = bytes(client.queue_pop(PING_KEY, True))
+            except Exception:   # its wait timed out (nobody pinged), or the server is going away
+                if self._stopped:
+                    return
+                continue
+            t2 = self.clock()
+            if raw == STOP:
+                return
+            try:
+                ping = json.loads(raw)
+                client.set(pong_key(str(ping["who"]), int(ping["n"])), repr(t2).encode())
+            except Exception:   # a malformed ping answers nothing (its sender times out)
+                continue
+
+    def stop(self) -> None:
+        self._stopped = True
+        try:
+            client = storelink._connect(self.address[0], self.address[1], 2.0, attempts=1)
+            client.queue_push(PING_KEY, STOP)
+        except Exception:
+            pass
+
+
+class Probe:
+    """On a host with a parent: its clock's offset to the parent's, measured every PROBE_EVERY_S.
+    `offset`: (seconds this host's clock is ahead of the parent's, error bound), or None before the
+    first measurement (or where the parent answers nothing)."""
+
+    def __init__(self, address: tuple[str, int], who: str, clock=time.time, every_s: float = PROBE_EVERY_S):
+        self.address, self.who, self.clock, self.every_s = address, who, clock, every_s
+        self.offset: tuple[float, float] | None = None
+        self._n = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="colltrace-clock-probe", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            client = storelink._connect(self.address[0], self.address[1], ANSWER_WAIT_S, attempts=1)
+        except storelink.StoreError:
+            return
+        while not self._stop.is_set():
+            best = None
+            for _ in range(BURST):
+                got = self._ping(client)
+                if got is None:
+                    break
+                if best is None or got[1] < best[1]:
+                    best = got
+            if best is not None:
+                self.offset = (round(best[0], 6), round(best[1], 6))
+            self._stop.wait(self.every_s)
+
+    def _ping(self, client) -> tuple[float, float] | None:
+        self._n += 1
+        key = pong_key(self.who, self._n)
+        try:
+            t1 = self.clock()
+            client.queue_push(PING_KEY, json.dumps({"who": self.who, "n": self._n}).encode())
+            t2 = float(bytes(client.get(key)))   # blocks until answered (or ANSWER_WAIT_S)
+            t3 = self.clock()
+            client.delete_key(key)
+        except Exception:
+            return None
+        return (t1 + t3) / 2 - t2, (t3 - t1) / 2
+
+    def stop(self) -> None:
+        self._stop.set()
+

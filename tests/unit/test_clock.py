@@ -1,0 +1,58 @@
+"""Each host's clock against its parent's, measured through the store (colltrace/host/clock.py),
+composed up the tree (model/build.py's clock_offsets)."""
+from __future__ import annotations
+
+import time
+
+from torch.distributed import TCPStore
+
+from colltrace.host import clock
+from colltrace.model.build import clock_offsets, merge
+
+
+def _until(cond, seconds=10.0):
+    end = time.time() + seconds
+    while not cond() and time.time() < end:
+        time.sleep(0.01)
+    return cond()
+
+
+def test_a_host_whose_clock_runs_ahead_measures_the_offset_within_its_bound():
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    answerer = clock.Answerer(("127.0.0.1", server.port))
+    probe = clock.Probe(("127.0.0.1", server.port), "node2", clock=lambda: time.time() + 0.25, every_s=0.2)
+    try:
+        assert _until(lambda: probe.offset is not None)
+        offset, bound = probe.offset
+        assert 0 < bound < 0.05 and abs(offset - 0.25) <= bound   # the true offset lies within the bound
+        # a ping that is not one is skipped: the next measurement is still answered
+        server.queue_push(clock.PING_KEY, b"{not json")
+        first = probe.offset
+        assert _until(lambda: probe.offset is not first and probe._n > clock.BURST)
+        assert abs(probe.offset[0] - 0.25) <= probe.offset[1]
+    finally:
+        probe.stop()
+        answerer.stop()
+    assert _until(lambda: not answerer._thread.is_alive() and not probe._thread.is_alive(), 5)
+
+
+def test_a_parent_that_answers_nothing_leaves_the_offset_unmeasured():
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    probe = clock.Probe(("127.0.0.1", server.port), "node2", every_s=0.1)
+    try:
+        time.sleep(clock.ANSWER_WAIT_S + 0.5)
+        assert probe.offset is None and probe._thread.is_alive()
+    finally:
+        probe.stop()
+    assert _until(lambda: not probe._thread.is_alive(), clock.ANSWER_WAIT_S + 2)
+
+
+def test_offsets_compose_up_the_tree_with_their_bounds_added():
+    # node3 is 10 ms ahead of its parent node2, which is 5 ms behind the root node1
+    node2 = {"host": "node2", "clock": [-0.005, 0.001],
+             "clocks": clock_offsets("node2", [{"host": "node3", "clock": [0.010, 0.0005]}])}
+    snap = merge([{"host": "node1", "ranks": {}}, node2, {"host": "node4", "ranks": {}}], 0.0)
+    assert snap["clocks"] == {"node1": [0.0, 0.0], "node2": [-0.005, 0.001], "node3": [0.005, 0.0015]}
+    # node4 never measured (an older colltrace): its times are compared as they are
+    assert "node4" not in snap["clocks"]
+    assert "clocks" not in merge([{"host": "node1", "ranks": {}}], 0.0)   # one host: nothing to say
