@@ -172,7 +172,7 @@ def root(ranks, fan, port, t0, hang_at, ready, done, results, period) -> None:
         if trace and job.hang_at and start >= job.hang_at and verdict is None:
             _trace_round(wd, view, start - job.hang_at, time.time() - start, new)
         if job.hang_at and certain is None and view is not None and _all_hung(view.snapshot, ranks):
-            certain = time.time() - job.hang_at
+            certain = min(time.time(), stream.first_said or float("inf")) - job.hang_at   # the verdict's round held it
         if not said and wd.store.link is not None:
             said = True
             ready.put(1)

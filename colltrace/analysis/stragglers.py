@@ -56,11 +56,23 @@ class Arrival:
     frames: dict                           # rank -> its record's frames (its call site)
     shift: dict = field(default_factory=dict)   # rank -> its host's offset, taken off its time
     bound: dict = field(default_factory=dict)   # rank -> that offset's error bound
+    roots: dict = field(default_factory=dict)   # rank -> its recorded roots (which frames are its own)
+    # From a digest (model/arrivals.py: a large job): times holds the first and last member only
+    members: tuple = ()
+    waited: float | None = None
+    err: float = 0.0
+
+    @property
+    def ranks(self) -> tuple:
+        """Every member."""
+        return self.members or tuple(r for _, r in self.times)
 
     @property
     def error_s(self) -> float:
         """How wrong lag_s may be: the last member's clock error bound, plus the largest of all
         (any member, its time off by its bound, may be the true first)."""
+        if self.members:
+            return 2 * self.err
         return self.bound.get(self.times[-1][1], 0.0) + max(self.bound.values(), default=0.0)
 
     def own_time(self, rank: int, t: float) -> float:
@@ -79,29 +91,38 @@ class Arrival:
     @property
     def waited_s(self) -> float:
         """The wait the last member caused: its lag behind each other member, summed."""
+        if self.waited is not None:
+            return self.waited
         t_last = self.times[-1][0]
         return sum(t_last - t for t, _ in self.times[:-1])
 
     def lags(self) -> dict[int, float]:
-        """Each member's arrival lag behind the earliest member."""
+        """Each member's arrival lag behind the earliest member (from a digest: the first's and
+        the last's only)."""
         first = self.times[0][0]
         return {rank: t - first for t, rank in self.times}
 
 
 def arrivals(snap: dict) -> list[Arrival]:
     """The collectives of a snapshot that every member recorded entering (point-to-point and
-    untraced ones left out), in no particular order."""
+    untraced ones left out), in no particular order. A large job's live snapshot carries arrival
+    digests instead of records ("arrivals": model/arrivals.py): those, where it has them."""
     groups = snap.get("groups") or {}
+    if isinstance(snap.get("arrivals"), dict):
+        return _digested(snap["arrivals"], groups, snap.get("ranks") or {})
     got_clocks = snap.get("clocks")
     clocks: dict = got_clocks if isinstance(got_clocks, dict) else {}
     seen: dict[tuple[str, int], dict[int, tuple[float, list]]] = {}
     shift: dict[int, float] = {}
     bound: dict[int, float] = {}
+    roots: dict[int, dict] = {}
     for key, entry in (snap.get("ranks") or {}).items():
         if not isinstance(entry, dict):
             continue
         rank = entry.get("rank", key)
         rank = int(rank) if str(rank).isdigit() else None
+        if rank is not None and isinstance(entry.get("roots"), dict):
+            roots[rank] = entry["roots"]
         offset = clocks.get(str(entry.get("host")))
         if rank is not None and isinstance(offset, list) and _pair(offset) and (offset[0] or offset[1]):
             shift[rank], bound[rank] = float(offset[0]), float(offset[1])
@@ -120,8 +141,49 @@ def arrivals(snap: dict) -> list[Arrival]:
             continue
         out.append(Arrival(group, seq, tuple(sorted((t, rank) for rank, (t, _) in got.items())),
                            {rank: frames for rank, (_, frames) in got.items()},
-                           {m: shift[m] for m in members if m in shift}, {m: bound[m] for m in members if m in bound}))
+                           {m: shift[m] for m in members if m in shift}, {m: bound[m] for m in members if m in bound},
+                           roots))
     return out
+
+
+def _digested(digests: dict, groups: dict, ranks: dict) -> list[Arrival]:
+    """The digests that count every member of their group, as arrivals (on the leader's clock).
+    The last member's frames where its entry came in full (a straggler's does once it is asked to
+    sample itself: host/tree.py's slim)."""
+    calls: dict[int, dict] = {}
+
+    roots: dict[int, dict] = {}
+
+    def frames_of(rank, group: str, seq: int) -> list:
+        if rank not in calls:
+            e = ranks.get(str(rank))
+            if isinstance(e, dict) and isinstance(e.get("roots"), dict):
+                roots[rank] = e["roots"]
+            calls[rank] = {(str(r.get("group")), r.get("seq")): r.get("frames") or []
+                           for r in (e.get("records") or () if isinstance(e, dict) else ()) if isinstance(r, dict)}
+        return calls[rank].get((group, seq)) or []
+
+    out = []
+    for key, d in digests.items():
+        group, _, seq = str(key).rpartition("#")
+        members = (groups.get(group) or {}).get("ranks") if isinstance(groups.get(group), dict) else None
+        if not (isinstance(d, list) and len(d) == 7 and isinstance(members, list) and seq.isdigit()):
+            continue
+        n, total, first, first_rank, last, last_rank, err = d
+        if n != len(members) or len(members) < 2 or not all(type(x) in (int, float) for x in (total, first, last, err)):
+            continue
+        out.append(Arrival(group, int(seq), ((float(first), first_rank), (float(last), last_rank)),
+                           {last_rank: frames_of(last_rank, group, int(seq))}, roots=roots,
+                           members=tuple(m for m in members if type(m) is int),
+                           waited=max(0.0, n * float(last) - float(total)), err=float(err)))
+    return out
+
+
+def _user_frames(frames: list, roots) -> list:
+    """The user's frames of a call site, by their marked origin, else by the rank's roots."""
+    if frames and type(frames[-1]) is dict and "origin" not in frames[-1]:
+        return for_roots(roots).user_frames(frames)
+    return user_frames(frames)
 
 
 def _pair(v) -> bool:
@@ -204,9 +266,10 @@ def judge(found: list[Arrival], sampled: dict[int, Sampled] | None = None) -> li
         times = a.times
         first_t = times[0][0] if first_t is None else min(first_t, times[0][0])
         last_t = times[-1][0] if last_t is None else max(last_t, times[-1][0])
-        for _, rank in times:
+        members = a.ranks
+        for rank in members:
             compared[rank] += 1
-            size[rank] = max(size.get(rank, 0), len(times))
+            size[rank] = max(size.get(rank, 0), len(members))
         lag = a.lag_s
         if lag < NOISE_S + a.error_s:
             continue
@@ -216,7 +279,7 @@ def judge(found: list[Arrival], sampled: dict[int, Sampled] | None = None) -> li
         s["n"] += 1
         s["lag"] += lag
         s["waited"] += a.waited_s
-        mine = user_frames(a.frames.get(who) or [])
+        mine = _user_frames(a.frames.get(who) or [], a.roots.get(who))
         if mine:
             s["where"][_site(mine[-1])] += 1
         got = sampled.get(who)

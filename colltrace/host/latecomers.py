@@ -3,8 +3,9 @@ collectives every member has entered (analysis/stragglers.py's arrivals), judged
 post-mortem judges a folder, and which stragglers are due a line on stderr.
 
 Nothing here runs on the ranks: it reads the records the hosts' summaries already carry (on a job
-of up to tree.DETAIL_ALL_RANKS ranks every rank's recent records travel each round; past that only
-vitals do, and nobody is named live). A straggler is never a finding: no abort, no exit code.
+of up to tree.DETAIL_ALL_RANKS ranks every rank's recent records travel each round; past that each
+host sends digests of its ranks' arrivals instead, model/arrivals.py, and a straggler's entry goes
+up in full once it is asked to sample itself). A straggler is never a finding: no abort, no exit code.
 """
 from __future__ import annotations
 

@@ -322,6 +322,12 @@ class Exchange:
         return self._leader_copy[0] if self._leader_copy else None
 
     @property
+    def large(self) -> bool:
+        """A job seen from vitals (more than DETAIL_ALL_RANKS ranks): records do not travel, so
+        each host digests its ranks' arrivals (model/arrivals.py) for the straggler view."""
+        return not self._every if self.leader else not self._want["all"]
+
+    @property
     def judges_all(self) -> bool:
         """The leader judges every rank in full each round (a job of up to DETAIL_ALL_RANKS ranks)."""
         return self._every

@@ -25,6 +25,7 @@ import json
 import math
 import os
 
+from colltrace.model import arrivals
 from colltrace.model.build import clock_offsets
 from colltrace.model.schema import ALIVE, PENDING, UNKNOWN
 
@@ -137,11 +138,16 @@ def slim(ranks: dict, want: dict, now: float) -> dict:
     for r, e in ranks.items():
         if not isinstance(e, dict) or not detailed(e):
             out[r] = e
-        elif e.get("status") not in (ALIVE, UNKNOWN) or groups.intersection(e.get("progress") or ()) or _waits(e, now):
+        elif (e.get("status") not in (ALIVE, UNKNOWN) or groups.intersection(e.get("progress") or ()) or _waits(e, now)
+              or _int(r) in want["sample"]):   # a straggler's entry carries its stack samples
             out[r] = e
         else:
             out[r] = vital(e)
     return out
+
+
+def _int(r) -> int | None:
+    return int(r) if str(r).isdigit() else None
 
 
 def _waits(entry: dict, now: float) -> bool:
@@ -232,9 +238,12 @@ def merge_subtree(own: dict, children: list[dict], now: float) -> dict:
             have = ranks.get(r)
             if have is None or _beat(e) >= _beat(have):
                 ranks[r] = e
-    return dict(own, t=now, ranks=ranks, groups=groups, classes=classes,
-                hosts=1 + sum(int(s.get("hosts") or 1) for s in children),
-                clocks=clock_offsets(own.get("host"), children))
+    out = dict(own, t=now, ranks=ranks, groups=groups, classes=classes,
+               hosts=1 + sum(int(s.get("hosts") or 1) for s in children),
+               clocks=clock_offsets(own.get("host"), children))
+    if "arrivals" in own or any("arrivals" in s for s in children):   # on this host's clock
+        out["arrivals"] = arrivals.unite(own.get("arrivals"), children)
+    return out
 
 
 def _beat(e) -> float:

@@ -21,7 +21,7 @@ from colltrace.host.latecomers import Latecomers
 from colltrace.host.leader import Exchange
 from colltrace.host.nodeview import NodeView, process_gone
 from colltrace.host.outputs import Outputs
-from colltrace.host.tree import DETAIL_ALL_RANKS
+from colltrace.model import arrivals
 from colltrace.model.build import merge, suspects
 from colltrace.reporters.activity import activity_lines
 from colltrace.reporters.stragglers import render_straggler_line
@@ -122,10 +122,16 @@ class Watchdog:
             except Exception as exc:   # a subscriber must never stop the watchdog
                 self.outputs.say(f"colltrace: watchdog subscriber failed (continuing): {exc!r}")
 
+    def _summary(self) -> dict:
+        summary = self.node.summary()
+        if self.store.large and self.settings.straggler_share > 0:   # records stay here: who came last, digested
+            summary["arrivals"] = arrivals.digest(summary["ranks"], summary["groups"])
+        return summary
+
     def step(self) -> list[dict]:
         self.node.poll()
         now = time.time()
-        summary = self.node.summary()
+        summary = self._summary()
         others, wanted = self.store.exchange(summary, self.on_hang.act)
         if self.store.lost_leader is not None:
             others = others + [self.store.lost_leader]
@@ -141,14 +147,14 @@ class Watchdog:
         self.node.sample(local)
         if local:
             self.node.refresh_stacks(local)
-            summary = self.node.summary()
+            summary = self._summary()
             snap = merge([summary] + others, now)
         if not self.leader:
             return []
         if self.aborted:   # after our own abort, ranks failing or vanishing are its doing, not findings
             self._publish(snap, list(self.findings), [], now)
             return []
-        if self.settings.straggler_share > 0 and len(snap["ranks"]) <= DETAIL_ALL_RANKS:   # records travel
+        if self.settings.straggler_share > 0:   # records travel, or (a large job) digests of them
             for s in self.latecomers.update(snap, now):
                 self.outputs.say(render_straggler_line(s))
         findings = self._judge(snap, summary, others, now)

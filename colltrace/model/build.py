@@ -8,6 +8,7 @@ Plain data in and out, no I/O, no torch. A host summary is {"host", "t", "groups
 from __future__ import annotations
 
 from colltrace import origins
+from colltrace.model import arrivals
 from colltrace.model.schema import ALIVE, DEAD, ENDED, PENDING, UNKNOWN, UNREADABLE, WAITING, empty
 
 SUSPECT_AFTER_S = 0.5   # others have waited this long: fetch the missing rank's live stack
@@ -167,6 +168,8 @@ def merge(summaries: list[dict], now: float) -> dict:
         clocks = clock_offsets(summaries[0].get("host"), summaries[1:], summaries[0].get("clocks"))
         if len(clocks) > 1:
             snap["clocks"] = clocks
+        if any("arrivals" in s for s in summaries):   # a large job: who came last, digested (model/arrivals.py)
+            snap["arrivals"] = arrivals.unite(summaries[0].get("arrivals"), summaries[1:])
     return snap
 
 

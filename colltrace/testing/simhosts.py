@@ -21,6 +21,8 @@ RANKS_PER_HOST = 8
 FRESH_S = 1.5          # run_host: a rank whose beat the leader saw this recently is "fresh"
 STEP_S = 0.05          # a world all_reduce every 50 ms while healthy
 PAIR = "pair"
+ROOTS = {"stdlib": ["/usr/lib/python3.11"], "site": ["/venv/lib/python3.11/site-packages"],
+         "torch": ["/venv/lib/python3.11/site-packages/torch"], "colltrace": [], "user_packages": []}
 
 
 def _frames(line: int, func: str) -> list[dict]:
@@ -31,10 +33,14 @@ def _frames(line: int, func: str) -> list[dict]:
 
 
 class Job:
-    def __init__(self, ranks: int, t0: float, hang_at: float | None):
+    """late: {rank: seconds} a rank enters every world all_reduce behind the others (a straggler);
+    history: completed records a rank's entry holds (its recent window)."""
+
+    def __init__(self, ranks: int, t0: float, hang_at: float | None, late: dict | None = None, history: int = 1):
         self.ranks, self.t0, self.hang_at = ranks, t0, hang_at
         self.culprit = ranks - 3 if ranks > 4 else ranks - 1
         self.partner = 0 if self.culprit != 0 else 1
+        self.late, self.history = dict(late or {}), history
 
     def hosts(self) -> int:
         return -(-self.ranks // RANKS_PER_HOST)
@@ -55,27 +61,28 @@ class Job:
         t = min(now, self.hang_at) if self.hang_at is not None else now
         step = int((t - self.t0) / STEP_S)
         progress = {"0": {"entered": step, "completed": step}, f"h{index}": {"entered": 3, "completed": 3}}
-        records = [{"id": step, "rank": rank, "group": "0", "seq": step, "seq_end": step, "op": "all_reduce",
+        lag, done = self.late.get(rank, 0.0), max(self.late.values(), default=0.0) + 0.001
+        records = [{"id": s, "rank": rank, "group": "0", "seq": s, "seq_end": s, "op": "all_reduce",
                     "backend_op": "allreduce", "p2p": False, "peer": None, "state": "completed", "async": False,
-                    "entered_at": self.t0 + step * STEP_S, "returned_at": self.t0 + step * STEP_S + 0.001,
-                    "completed_at": self.t0 + step * STEP_S + 0.001, "shapes": [[1024]], "dtypes": ["float32"],
+                    "entered_at": self.t0 + s * STEP_S + lag, "returned_at": self.t0 + s * STEP_S + done,
+                    "completed_at": self.t0 + s * STEP_S + done, "shapes": [[1024]], "dtypes": ["float32"],
                     "reduce_op": "SUM", "root": None, "count": 1, "thread": "MainThread",
-                    "frames": _frames(120, "train_step")}]
+                    "frames": _frames(120, "train_step")} for s in range(max(1, step - self.history + 1), step + 1)]
         if rank in (self.culprit, self.partner):
             progress[PAIR] = {"entered": 0, "completed": 0}
         if hung:
             if rank == self.culprit:
                 progress[PAIR] = {"entered": 1, "completed": 0}
-                records.append(dict(records[0], id=step + 1, group=PAIR, seq=1, seq_end=1, op="broadcast",
+                records.append(dict(records[-1], id=step + 1, group=PAIR, seq=1, seq_end=1, op="broadcast",
                                     backend_op="broadcast", state="waiting", root=self.partner, reduce_op=None,
                                     entered_at=self.hang_at, returned_at=None, completed_at=None,
                                     frames=_frames(412, "serve_teacher")))
             else:
                 progress["0"] = {"entered": step + 1, "completed": step}
-                records.append(dict(records[0], id=step + 1, seq=step + 1, seq_end=step + 1, state="waiting",
+                records.append(dict(records[-1], id=step + 1, seq=step + 1, seq_end=step + 1, state="waiting",
                                     entered_at=self.hang_at, returned_at=None, completed_at=None,
                                     frames=_frames(233, "save_checkpoint")))
-        return {"rank": rank, "pid": 10000 + rank, "host": f"node{index}", "status": "alive", "exit": None,
+        return {"rank": rank, "pid": 10000 + rank, "host": f"node{index}", "status": "alive", "exit": None, "roots": ROOTS,
                 "died_at": None, "heartbeat": now, "error": None, "progress": progress, "records": records,
                 "stack": None, "stack_at": None, "fault": None}
 
@@ -120,10 +127,12 @@ class SimNode:
         pass
 
 
-def host_watchdog(job: Job, index: int, store_address, directory: str, stream, fan: int) -> Watchdog:
-    """The real watchdog of host `index`, its trace folder replaced by the synthetic job."""
+def host_watchdog(job: Job, index: int, store_address, directory: str, stream, fan: int,
+                  env: dict | None = None) -> Watchdog:
+    """The real watchdog of host `index`, its trace folder replaced by the synthetic job. env: more
+    COLLTRACE_* settings."""
     storelink.MANY_HOSTS_IN_ONE_PROCESS = True   # hundreds of hosts' connects in one process
-    settings = config.load({"COLLTRACE_ON_HANG": "warn"})
+    settings = config.load({"COLLTRACE_ON_HANG": "warn", **(env or {})})
     wd = Watchdog(directory, "sim", f"node{index}", settings, stream=stream, store_address=store_address)
     wd.node = wd.on_hang.node = SimNode(job, index)
     wd.store = Exchange(wd.node, store_address, stream, place=(index, job.hosts()), fan=fan)
@@ -131,7 +140,7 @@ def host_watchdog(job: Job, index: int, store_address, directory: str, stream, f
 
 
 def run_host(index: int, ranks: int, fan: int, port: int, t0: float, hang_at, stop, out, culprit=None,
-             partner=None, detail_all=None, period: float = 0.1) -> None:
+             partner=None, detail_all=None, period: float = 0.1, late=None, env=None) -> None:
     """One simulated host in a process of its own (the exchange's tests): steps its real watchdog
     until `stop` is set; puts ("finding", index, kind, key, ranks) for what it reports as the
     leader, ("said", index, text) for what it writes, ("fresh", index, ranks) as the leader whenever
@@ -146,11 +155,12 @@ def run_host(index: int, ranks: int, fan: int, port: int, t0: float, hang_at, st
 
     if detail_all is not None:
         tree.DETAIL_ALL_RANKS = detail_all
-    job = Job(ranks, t0, None)
+    job = Job(ranks, t0, None, late=late, history=48 if late else 1)   # 2.4 s of records: digests' window
     if culprit is not None:
         job.culprit, job.partner = culprit, partner
     stream = io.StringIO()
-    wd = host_watchdog(job, index, ("127.0.0.1", port), tempfile.mkdtemp(prefix=f"ct-host{index}-"), stream, fan)
+    wd = host_watchdog(job, index, ("127.0.0.1", port), tempfile.mkdtemp(prefix=f"ct-host{index}-"), stream, fan,
+                       env=env)
     said, fresh, copied = 0, None, False
     while not stop.value:
         start = time.time()

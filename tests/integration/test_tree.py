@@ -33,11 +33,12 @@ class Hosts:
         self.fresh: set[int] = set()     # the ranks whose beats the leader saw lately (simhosts.FRESH_S)
         self.copied: set[int] = set()    # the hosts holding a copy of the leader's summary
 
-    def start(self, *indices):
+    def start(self, *indices, late=None, env=None):
         for i in indices:
             p = self.ctx.Process(target=simhosts.run_host, daemon=True,
                                  args=(i, RANKS, FAN, self.store.port, self.t0, self.hang_at, self.stop, self.out,
-                                       self.culprit, self.partner, 0))
+                                       self.culprit, self.partner, 0),
+                                 kwargs={"late": late, "env": env})
             p.start()
             self.procs[i] = p
 
@@ -151,3 +152,15 @@ def test_when_the_leaders_host_dies_the_first_of_its_children_judges_the_job(hos
     assert "judges the job from now on" in h.said.get(2, ""), h.said
     assert "host (node1, ranks 0-7) stopped answering" in h.said.get(2, ""), h.said
     assert not any("judges the job" in t for i, t in h.said.items() if i != 2), "one host takes over, one line"
+
+
+def test_a_late_rank_of_a_job_judged_from_vitals_is_named_live_from_the_hosts_digests(hosts):
+    """No record travels (a job of thousands of ranks): each host digests its ranks' arrivals,
+    host 2 unites its children's (hosts 4 and 5) with its own, and the leader names rank 37, on
+    host 5 two levels down, 40 ms late to every all_reduce. Nobody else is named."""
+    h = hosts()
+    h.start(1, 2, 3, 4, 5, late={37: 0.040}, env={"COLLTRACE_STRAGGLER_WINDOW_S": "2"})
+    h.until(lambda: "straggler: rank" in h.said.get(1, ""), timeout=60)
+    lines = [l for t in h.said.values() for l in t.splitlines() if "straggler" in l]
+    assert len(lines) == 1 and lines[0].startswith("colltrace: straggler: rank 37 arrived last at "), h.said
+    assert "40 ms after the first on average" in lines[0] and "train.py:120 (train_step)" in lines[0], lines
