@@ -227,9 +227,19 @@ def run(args, flat: bool) -> str | None:
     hang_at, done = ctx.Value("d", 0.0), ctx.Value("b", 0)
     t0 = time.time()
     others = list(range(2, hosts + 1))
-    # Contiguous blocks: a worker holds whole subtrees where it can (its parents and their children).
-    chunks = [others[i * len(others) // workers:(i + 1) * len(others) // workers] for i in range(workers)]
-    chunks = [c for c in chunks if c]
+    # Whole subtrees a worker (a child of the root and everything under it), dealt out so that every
+    # worker holds a like share of the parents: a worker stepping all the parents in turn (hosts
+    # 2-46 of a 2,048-host tree) made every level's merge wait for the slowest process.
+    subtrees: dict[int, list[int]] = {}
+    for i in others:
+        top = i
+        while tree.Topology(top, hosts, fan).parent not in (None, 1):
+            top = tree.Topology(top, hosts, fan).parent
+        subtrees.setdefault(top, []).append(i)
+    chunks: list[list[int]] = [[] for _ in range(workers)]
+    for members in sorted(subtrees.values(), key=len, reverse=True):   # the largest first, to the least held
+        min(chunks, key=len).extend(members)
+    chunks = [sorted(c) for c in chunks if c]
     procs = [ctx.Process(target=root, args=(args.ranks, fan, job_store.port, t0, hang_at, ready, done, results,
                                             0.1), daemon=True)]
     procs += [ctx.Process(target=worker, args=(c, args.ranks, fan, job_store.port, t0, hang_at, ready, done, results,
