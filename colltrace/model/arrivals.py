@@ -26,7 +26,7 @@ def digest(ranks: dict, groups: dict, keep: int = DIGEST_KEEP, within_s: float =
     these entries' records show every one of their members of that group entering (point-to-point
     and untraced ones left out): of each group, those entered within `within_s` of its newest,
     at most the `keep` most recent."""
-    here: set[int] = set()
+    local: dict[str, int] = {}   # group -> how many of these ranks are its members (their progress names it)
     seen: dict[tuple[str, int], list] = {}
     for key, entry in ranks.items():
         if not isinstance(entry, dict) or not isinstance(entry.get("records"), list):
@@ -35,7 +35,11 @@ def digest(ranks: dict, groups: dict, keep: int = DIGEST_KEEP, within_s: float =
         if not str(rank).isdigit():
             continue
         rank = int(rank)
-        here.add(rank)
+        progress = entry.get("progress")
+        mine = (set(map(str, progress)) if isinstance(progress, dict) and progress
+                else {str(r.get("group")) for r in entry["records"] if isinstance(r, dict)})
+        for g in mine:
+            local[g] = local.get(g, 0) + 1
         for r in entry["records"]:
             if not isinstance(r, dict) or r.get("p2p") or r.get("op") == "untraced":
                 continue
@@ -51,10 +55,9 @@ def digest(ranks: dict, groups: dict, keep: int = DIGEST_KEEP, within_s: float =
                 _add(d, [1, t, t, rank, t, rank, 0.0])
     by_group: dict[str, list] = {}
     for (g, seq), d in seen.items():
-        members = groups[g].get("ranks") if isinstance(groups.get(g), dict) else None
-        if not isinstance(members, list):
-            continue
-        if d[N] == len(here.intersection(members)):   # every member here entered it (else: left out)
+        # every member here entered it (else: left out). Membership from the ranks' own progress:
+        # a world group's member list is the whole job, too long to walk every round.
+        if g in groups and d[N] == local.get(g):
             by_group.setdefault(g, []).append((seq, d))
     out = {}
     for g, got in by_group.items():

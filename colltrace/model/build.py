@@ -228,7 +228,9 @@ def compact_entry(entry: dict) -> dict:
 def suspects(snap: dict, now: float) -> set[int]:
     """Ranks others have waited for a while that are in no collective: their live stack will
     be needed to say where they are instead. Each collective waited on is looked at once, not
-    once per rank waiting in it (a world group's hang: N waiters, N members)."""
+    once per rank waiting in it (a world group's hang: N waiters, N members). A member seen from
+    its vitals only (a large job: host/tree.py) is no suspect yet: its records did not travel, and
+    its numbers may just lag; asked for in full (the root's `want`), it is judged then."""
     out = set()
     groups = snap["groups"]
     ranks = snap["ranks"]
@@ -247,7 +249,7 @@ def suspects(snap: dict, now: float) -> set[int]:
             members = [r["peer"]] if p2p else groups.get(r.get("group"), {}).get("ranks", [])
             for m in members:
                 other = ranks.get(str(m))
-                if other is None or other.get("status") not in (ALIVE, UNKNOWN):
+                if other is None or other.get("status") not in (ALIVE, UNKNOWN) or other.get("vital"):
                     continue
                 if not p2p and (other.get("progress") or {}).get(r["group"], {}).get("entered", 0) >= r["seq"]:
                     continue
