@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import zlib
 from datetime import timedelta
 
@@ -36,6 +37,7 @@ from colltrace.errors import ColltraceError
 
 PREFIX = "colltrace/v1/"
 PUBLISH_S = 0.25
+BEATS_EVERY_S = 0.5   # a reader takes the beats this often (liveness waits seconds); summaries every round
 CONTROL = PREFIX + "control"   # counts the writes of want, hang and ended: their readers' one request a round
 
 
@@ -202,6 +204,9 @@ class StoreLink:
         self._decoded: dict[str, tuple] = {}  # node key -> (bytes, summary): decoded once
         self._control_seen: tuple = (-1, (None, None, False))   # (CONTROL count, control()) last read
         self._unfolded: dict[str, tuple] = {}  # node key -> (bytes, summary with its classes unfolded)
+        self._beats: dict[str, dict] = {}      # node key -> its beat, as last read (every BEATS_EVERY_S)
+        self._beats_read_at = -1e9
+        self._beaten: dict[str, tuple] = {}    # node key -> (its ranks table, the beat) last put in it
 
     # -- node side ----------------------------------------------------------------------
     def publish_node(self, summary: dict, confirm: bool = False) -> None:
@@ -316,17 +321,21 @@ class StoreLink:
                 if k in self._present and b not in self._present and self._store.check([b]):
                     self._present.add(b)
             present = [k for k in keys if k in self._present]
-            beats = [k + "/beat" for k in present if k + "/beat" in self._present]
+            now = time.monotonic()
+            fresh = now - self._beats_read_at >= BEATS_EVERY_S
+            beats = [k + "/beat" for k in present if k + "/beat" in self._present] if fresh else []
             values = self._store.multi_get(present + beats) if present else []
             self.traffic += sum(len(v) for v in values)
         except Exception as exc:
             raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None
-        beat_of = {}
-        for k, v in zip(beats, values[len(present):]):
-            try:
-                beat_of[k[:-len("/beat")]] = json.loads(bytes(v))
-            except ValueError:
-                continue
+        if fresh:
+            self._beats_read_at = now
+            for k, v in zip(beats, values[len(present):]):
+                try:
+                    self._beats[k[:-len("/beat")]] = json.loads(bytes(v))
+                except ValueError:
+                    continue
+        beat_of = self._beats
         out = []
         for key, v in zip(present, values):
             try:
@@ -344,7 +353,12 @@ class StoreLink:
                     s = self._unfolded_of(key, raw, s)
             except StoreError:
                 continue  # one node's bad value must not hide the others
-            out.append(_with_beat(s, beat_of.get(key)))
+            beat = beat_of.get(key)
+            if not fresh and self._beaten.get(key) == (id(s["ranks"]), id(beat)):
+                out.append(dict(s, t=beat.get("t", s.get("t")) if isinstance(beat, dict) else s.get("t")))
+                continue   # its entries hold these heartbeats already
+            self._beaten[key] = (id(s["ranks"]), id(beat))
+            out.append(_with_beat(s, beat))
         return out
 
     def _unfolded_of(self, key: str, raw: bytes, s: dict) -> dict:

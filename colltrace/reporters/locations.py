@@ -85,26 +85,37 @@ def call_site(frames) -> str | None:
     return loc
 
 
-_WHERE: dict[int, tuple] = {}   # id(frames) -> (frames, its length, marked, text)
-_WHERE_MAX = 8192
+class FramesMemo:
+    """fn(frames), worked out once per frames list. Ranks in one state share their frames list
+    (the root unfolds a class once: host/tree.py; the analyzer marks origins once per list), so a
+    16,384-rank finding has a handful of lists. The memo holds each list, so its id is not reused
+    while cached; a list that grew, or had its origins marked since, is worked out again."""
+
+    MAX = 8192
+
+    def __init__(self, fn):
+        self.fn = fn
+        self._memo: dict[int, tuple] = {}
+
+    def __call__(self, frames):
+        if type(frames) is not list or not frames:
+            return self.fn(frames)
+        marked = type(frames[-1]) is dict and "origin" in frames[-1]
+        hit = self._memo.get(id(frames))
+        if hit is not None and hit[0] is frames and hit[1] == len(frames) and hit[2] == marked:
+            return hit[3]
+        value = self.fn(frames)
+        if len(self._memo) >= self.MAX:
+            self._memo.clear()
+        self._memo[id(frames)] = (frames, len(frames), marked, value)
+        return value
+
+
+_user_location = FramesMemo(user_location)
 
 
 def where(entry: dict) -> str:
-    """user_location of an entry's frames. Ranks in one state share their frames list (the root
-    unfolds a class once: host/tree.py), so a 16,384-rank finding has a handful of lists, each
-    worked out once (the cache holds the list, so its id is not reused while cached)."""
-    frames = entry.get("frames")
-    if type(frames) is not list or not frames:
-        return user_location(frames) or "an unknown place (no frames recorded)"
-    marked = type(frames[-1]) is dict and "origin" in frames[-1]
-    hit = _WHERE.get(id(frames))
-    if hit is not None and hit[0] is frames and hit[1] == len(frames) and hit[2] == marked:
-        return hit[3]
-    text = user_location(frames) or "an unknown place (no frames recorded)"
-    if len(_WHERE) >= _WHERE_MAX:
-        _WHERE.clear()
-    _WHERE[id(frames)] = (frames, len(frames), marked, text)
-    return text
+    return _user_location(entry.get("frames")) or "an unknown place (no frames recorded)"
 
 
 def classes(finding: dict, ranks, key=None) -> list[tuple[list[int], dict]]:

@@ -5,13 +5,13 @@ from colltrace.model.schema import DEAD, EXITED, FAILED, NOT_IN_COLLECTIVE, UNKN
 from colltrace.origins import user_frames
 from colltrace.words import frame_text, rank_word
 from colltrace.reporters.phrases import PENDING_STATES, direction_word, exit_text
-from colltrace.reporters.locations import api_text, innermost_user, user_location, via_frame
+from colltrace.reporters.locations import FramesMemo, api_text, innermost_user, user_location, via_frame
 
 
 MAX_CLASSES = 12          # stack classes shown per finding; the rest are counted
 
 
-def _stack_chain(frames) -> list[str]:
+def _chain(frames) -> list[str]:
     """The user's last three own frames and the framework call they went through; without a
     frame of the user's, the innermost framework (else any) frame, saying so."""
     if not isinstance(frames, list) or not frames:
@@ -25,6 +25,9 @@ def _stack_chain(frames) -> list[str]:
     if via is not None:
         chain.append(api_text(via))
     return chain
+
+
+_stack_chain = FramesMemo(_chain)   # once per frames list: 16k ranks share a handful
 
 
 def _stack_tail(e: dict) -> str:

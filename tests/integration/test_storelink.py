@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -102,7 +103,8 @@ def test_the_rank_that_starts_the_watchdog_says_which_store_the_job_has(env, tol
     assert storelink.address_from_env(env, job_store=told) == expected
 
 
-def test_a_hung_nodes_summary_is_written_and_decoded_once_its_heartbeats_stay_fresh(store):
+def test_a_hung_nodes_summary_is_written_and_decoded_once_its_heartbeats_stay_fresh(store, monkeypatch):
+    monkeypatch.setattr(storelink, "BEATS_EVERY_S", 0.0)   # every read takes the beats (the next test: less often)
     node = storelink.StoreLink("127.0.0.1", store.port)
     leader = storelink.StoreLink("127.0.0.1", store.port)
     s = summary("a", [0, 1])
@@ -118,6 +120,24 @@ def test_a_hung_nodes_summary_is_written_and_decoded_once_its_heartbeats_stay_fr
     node.publish_node(s, confirm=True)
     (got,) = leader.node_summaries()
     assert got["ranks"]["1"]["status"] == "dead" and leader._decoded[f"{storelink.PREFIX}node/1"][1] is not first
+
+
+def test_a_reader_takes_the_beats_every_beats_every_s_and_the_summaries_every_round(store, monkeypatch):
+    monkeypatch.setattr(storelink, "BEATS_EVERY_S", 0.3)
+    node = storelink.StoreLink("127.0.0.1", store.port)
+    leader = storelink.StoreLink("127.0.0.1", store.port)
+    s = summary("a", [0, 1])
+    node.publish_node(dict(s, t=1.0, ranks={r: dict(e, heartbeat=1.5) for r, e in s["ranks"].items()}), confirm=True)
+    (got,) = leader.node_summaries()
+    assert got["t"] == 1.0 and got["ranks"]["0"]["heartbeat"] == 1.5
+    s = dict(s, ranks={r: dict(e, heartbeat=2.5) for r, e in s["ranks"].items()})
+    s["ranks"]["1"]["status"] = "dead"
+    node.publish_node(dict(s, t=2.0), confirm=True)
+    (got,) = leader.node_summaries()   # within BEATS_EVERY_S: the change is read, the beat is the last one read
+    assert got["ranks"]["1"]["status"] == "dead" and got["ranks"]["0"]["heartbeat"] == 1.5 and got["t"] == 1.0
+    time.sleep(0.35)
+    (got,) = leader.node_summaries()
+    assert got["t"] == 2.0 and {e["heartbeat"] for e in got["ranks"].values()} == {2.5}
 
 
 def test_the_leader_meets_on_its_own_server_and_takes_its_one_key_back(store, tmp_path):
