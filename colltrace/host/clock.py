@@ -4,15 +4,15 @@ The ranks stamp their records with their own host's wall clock; comparing arriva
 (analysis/stragglers.py) needs each host's offset to one clock. A host that serves a store (the
 leader's meeting point, a parent in the tree) runs an Answerer: a thread with its own connection,
 blocked in the store's queue until a ping comes, that answers it with its own time at once. A host
-with a parent runs a Probe: every PROBE_EVERY_S, BURST pings, each timed from before its push to
-after the answer came (a blocking get on its own connection):
+with a parent runs a Probe: BURST pings at FIRST_AT_S and then every PROBE_EVERY_S, each timed
+from before its push to after the answer came (a blocking get on its own connection):
 
     sent t1 (host clock)  ->  answered t2 (parent clock)  ->  received t3 (host clock)
 
 The answer was given between send and receive, so the host's clock minus the parent's lies in
 [t1 - t2, t3 - t2]: the offset is that interval's middle and its error bound half its width, half
-the round trip (a LAN's: well under a millisecond; the ping with the shortest trip of a burst is
-kept). Offsets compose up the tree (model/build.py's clock_offsets, in every merge): a host's
+the round trip (a LAN's: well under a millisecond; of the last KEEP_S, the ping with the shortest
+trip stands: a busy moment's slow answers do not widen it). Offsets compose up the tree (model/build.py's clock_offsets, in every merge): a host's
 offset to the root is its own to its parent plus its parent's to the root, the bounds added.
 """
 from __future__ import annotations
@@ -25,7 +25,9 @@ from colltrace.host import storelink
 
 PING_KEY = storelink.PREFIX + "clock/ping"
 PROBE_EVERY_S = 30.0      # clocks disciplined or not drift far less than a millisecond in this time
-BURST = 5                 # pings a measurement; the shortest round trip wins
+FIRST_AT_S = (0.0, 1.0, 3.0, 7.0)   # the first measurements, soon: a job's start keeps the cores busy
+BURST = 8                 # pings a measurement; the shortest round trip wins
+KEEP_S = 120.0            # the best measurement of this long stands (a loaded moment's longer trips do not)
 ANSWER_WAIT_S = 2.0       # a ping not answered within this: the parent serves no Answerer (an older one)
 STOP = b"stop"
 
@@ -91,17 +93,23 @@ class Probe:
             client = storelink._connect(self.address[0], self.address[1], ANSWER_WAIT_S, attempts=1)
         except storelink.StoreError:
             return
+        kept: list[tuple[float, float, float]] = []   # (offset, bound, when)
+        start = time.monotonic()
+        n = 0
         while not self._stop.is_set():
-            best = None
             for _ in range(BURST):
                 got = self._ping(client)
                 if got is None:
                     break
-                if best is None or got[1] < best[1]:
-                    best = got
-            if best is not None:
+                kept.append((got[0], got[1], time.monotonic()))
+            now = time.monotonic()
+            kept = [k for k in kept if now - k[2] <= KEEP_S] or kept[-1:]
+            if kept:
+                best = min(kept, key=lambda k: k[1])
                 self.offset = (round(best[0], 6), round(best[1], 6))
-            self._stop.wait(self.every_s)
+            n += 1
+            later = FIRST_AT_S[n] - (now - start) if n < len(FIRST_AT_S) else self.every_s
+            self._stop.wait(max(0.0, min(later, self.every_s)))
 
     def _ping(self, client) -> tuple[float, float] | None:
         self._n += 1

@@ -186,13 +186,15 @@ def test_when_the_leaders_host_dies_another_host_reports(two_hosts, tmp_path):
 
 
 def test_a_late_rank_on_the_other_host_is_named_live_by_the_leader(two_hosts, tmp_path):
-    """Rank 3, on host b, sleeps 40 ms in its loading before each of 150 all_reduces: the leader on
+    """Rank 3, on host b, sleeps 40 ms in its loading before each of 250 all_reduces: the leader on
     host a names it from the records host b sends through the store (its clock is the same
     machine's here: the lags are the job's own), with where it was while the others waited: the
     leader asked through the store, host b asked its rank, the rank sampled itself. Nothing else
     is said; both jobs end well."""
     dirs = {h: str(tmp_path / h) for h in "ab"}
-    env = {"LATE_RANK": "3", "STEPS": "150", "COLLTRACE_STRAGGLER_WINDOW_S": "2"}
+    # 250 steps (about 11 s): host b's records reach the leader 4-6 s into the job (its watchdog
+    # finds the leader, connects, measures its clock), and the line waits for a judging with samples
+    env = {"LATE_RANK": "3", "STEPS": "250", "COLLTRACE_STRAGGLER_WINDOW_S": "2"}
     procs = {h: _torchrun(two_hosts, h, i, dirs[h], "", env, script="late_loader.py") for i, h in enumerate("ab")}
     outs = _outputs(procs, 120)
     assert procs["a"].returncode == 0 and procs["b"].returncode == 0, outs
