@@ -1,5 +1,5 @@
-"""Each host's clock against its parent's, measured through the store (colltrace/host/clock.py),
-composed up the tree (model/build.py's clock_offsets)."""
+"""Each host's clock against its parent's, measured through a real c10d store (colltrace/host/clock.py).
+Their composition up the tree: tests/unit/test_clock_offsets.py."""
 from __future__ import annotations
 
 import time
@@ -7,7 +7,6 @@ import time
 from torch.distributed import TCPStore
 
 from colltrace.host import clock
-from colltrace.model.build import clock_offsets, merge
 
 
 def _until(cond, seconds=10.0):
@@ -45,14 +44,3 @@ def test_a_parent_that_answers_nothing_leaves_the_offset_unmeasured():
     finally:
         probe.stop()
     assert _until(lambda: not probe._thread.is_alive(), clock.ANSWER_WAIT_S + 2)
-
-
-def test_offsets_compose_up_the_tree_with_their_bounds_added():
-    # node3 is 10 ms ahead of its parent node2, which is 5 ms behind the root node1
-    node2 = {"host": "node2", "clock": [-0.005, 0.001],
-             "clocks": clock_offsets("node2", [{"host": "node3", "clock": [0.010, 0.0005]}])}
-    snap = merge([{"host": "node1", "ranks": {}}, node2, {"host": "node4", "ranks": {}}], 0.0)
-    assert snap["clocks"] == {"node1": [0.0, 0.0], "node2": [-0.005, 0.001], "node3": [0.005, 0.0015]}
-    # node4 never measured (an older colltrace): its times are compared as they are
-    assert "node4" not in snap["clocks"]
-    assert "clocks" not in merge([{"host": "node1", "ranks": {}}], 0.0)   # one host: nothing to say
