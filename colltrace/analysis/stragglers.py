@@ -28,6 +28,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
+from colltrace.model.schema import is_clock
 from colltrace.origins import for_roots, user_frames
 
 NOISE_S = 0.002          # a last arrival this close to the first is nobody's delay
@@ -124,7 +125,7 @@ def arrivals(snap: dict) -> list[Arrival]:
         if rank is not None and isinstance(entry.get("roots"), dict):
             roots[rank] = entry["roots"]
         offset = clocks.get(str(entry.get("host")))
-        if rank is not None and isinstance(offset, list) and _pair(offset) and (offset[0] or offset[1]):
+        if rank is not None and is_clock(offset) and (offset[0] or offset[1]):
             shift[rank], bound[rank] = float(offset[0]), float(offset[1])
         for r in entry.get("records") or ():
             if rank is None or not isinstance(r, dict) or r.get("p2p") or r.get("op") == "untraced":
@@ -184,10 +185,6 @@ def _user_frames(frames: list, roots) -> list:
     if frames and type(frames[-1]) is dict and "origin" not in frames[-1]:
         return for_roots(roots).user_frames(frames)
     return user_frames(frames)
-
-
-def _pair(v) -> bool:
-    return isinstance(v, list) and len(v) == 2 and all(type(x) in (int, float) for x in v)
 
 
 @dataclass

@@ -15,6 +15,8 @@ miscounted.
 """
 from __future__ import annotations
 
+from colltrace.model.schema import is_clock
+
 DIGEST_S = 2.0       # a host sends the collectives of each group entered this recently (before its newest)...
 DIGEST_KEEP = 64     # ... at most this many: its parent's reads, one round to a level, fall well inside
 
@@ -94,8 +96,7 @@ def unite(own: dict | None, children: list[dict]) -> dict:
         if not isinstance(got, dict):
             continue
         c = s.get("clock")
-        shift, bound = (float(c[0]), float(c[1])) if (isinstance(c, list) and len(c) == 2
-                                                      and all(type(x) in (int, float) for x in c)) else (0.0, 0.0)
+        shift, bound = (float(c[0]), float(c[1])) if is_clock(c) else (0.0, 0.0)
         for k, d in got.items():
             if not _valid(d):
                 continue

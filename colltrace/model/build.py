@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from colltrace import origins
 from colltrace.model import arrivals
-from colltrace.model.schema import ALIVE, DEAD, ENDED, PENDING, UNKNOWN, UNREADABLE, WAITING, empty
+from colltrace.model.schema import ALIVE, DEAD, ENDED, PENDING, UNKNOWN, UNREADABLE, WAITING, empty, is_clock
 
 SUSPECT_AFTER_S = 0.5   # others have waited this long: fetch the missing rank's live stack
 RECENT_COMPLETED = 4    # completed records per rank sent through the store (pending ones always)
@@ -173,26 +173,22 @@ def merge(summaries: list[dict], now: float) -> dict:
     return snap
 
 
-def _pair(v) -> bool:
-    return isinstance(v, list) and len(v) == 2 and all(type(x) in (int, float) for x in v)
-
-
 def clock_offsets(own_host, children: list[dict], own: dict | None = None) -> dict:
     """{host: [its clock minus this host's, error bound]} over a subtree (host/clock.py): this
     host at 0 (and the hosts `own` already holds, a subtree's); each child's host at the offset it
     measured to this one ("clock"); each host below a child at its offset to that child ("clocks")
     plus the child's, the bounds added. A child not measured yet adds nothing (its hosts' times
     are compared as they are)."""
-    out: dict[str, list] = {str(h): v for h, v in (own or {}).items() if _pair(v)}
+    out: dict[str, list] = {str(h): v for h, v in (own or {}).items() if is_clock(v)}
     out.setdefault(str(own_host), [0.0, 0.0])
     for s in children:
         mine = s.get("clock")
-        if not isinstance(mine, list) or not _pair(mine) or s.get("host") is None:
+        if not is_clock(mine) or s.get("host") is None:
             continue
         out.setdefault(str(s["host"]), [round(mine[0], 6), round(mine[1], 6)])
         below = s.get("clocks")
         for h, v in (below.items() if isinstance(below, dict) else ()):
-            if _pair(v):
+            if is_clock(v):
                 out.setdefault(str(h), [round(v[0] + mine[0], 6), round(v[1] + mine[1], 6)])
     return out
 

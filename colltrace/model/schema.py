@@ -4,7 +4,7 @@ are); the types say what a dict holds. docs/design.md describes every field."""
 from __future__ import annotations
 
 import json
-from typing import Optional, TypedDict
+from typing import Optional, TypedDict, TypeGuard
 
 from colltrace.errors import InputError
 
@@ -101,6 +101,11 @@ class _SnapshotBase(TypedDict):
 
 class Snapshot(_SnapshotBase, total=False):
     clocks: dict       # host -> [its clock minus the leader's, error bound] (host/clock.py); multi-host live jobs
+
+
+def is_clock(v) -> TypeGuard[list]:
+    """A host's clock as the snapshot's `clocks` (and a summary's `clock`) hold it: [offset, bound]."""
+    return isinstance(v, list) and len(v) == 2 and all(type(x) in (int, float) for x in v)
 
 
 class SnapshotError(InputError):
