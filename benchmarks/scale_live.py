@@ -14,7 +14,7 @@ hang: every rank but one enters a world all_reduce, the missing one waits in a b
 group of two: a certain deadlock from that instant. --flat: every host publishes to the leader
 directly (the exchange before the tree: fanout larger than the job). --compare: the flat exchange
 first, then the tree, in one run (the last line is the tree's).
-SCALE_LIVE_PROFILE=FILE: the leader's cProfile stats into FILE; SCALE_LIVE_PROFILE_WORKERS=PREFIX:
+SCALE_LIVE_PROFILE=FILE: the leader's cProfile stats (CPU time, over the measured window) into FILE; SCALE_LIVE_PROFILE_WORKERS=PREFIX:
 each worker's, from the hang on, into PREFIX.PID; SCALE_LIVE_TRACE=1: the leader's rounds from the
 hang to the verdict, one line each on stderr.
 Last line, exactly:
@@ -151,16 +151,16 @@ def root(ranks, fan, port, t0, hang_at, ready, done, results, period) -> None:
     wd = simhosts.host_watchdog(job, 1, ("127.0.0.1", port), d, stream, fan)
     me = psutil.Process()
     prof = None
-    if os.environ.get("SCALE_LIVE_PROFILE"):   # where the leader's time goes: pstats into this file
-        import cProfile
-        prof = cProfile.Profile()
-        prof.enable()
     verdict, cpu0, t_cpu0, said, base, certain = None, None, None, False, None, None
     trace = bool(os.environ.get("SCALE_LIVE_TRACE"))
     while not done.value:
         start = time.time()
         job.hang_at = hang_at.value or None
         if job.hang_at and cpu0 is None:   # the measured window: the hang and AFTER_S after it
+            if os.environ.get("SCALE_LIVE_PROFILE"):   # where the leader's time goes in it: pstats into this file
+                import cProfile
+                prof = cProfile.Profile(time.process_time)
+                prof.enable()
             c = me.cpu_times()
             cpu0, t_cpu0, base = c.user + c.system, time.time(), _traffic([wd])
         try:
@@ -181,6 +181,8 @@ def root(ranks, fan, port, t0, hang_at, ready, done, results, period) -> None:
             verdict = (stream.first_said or time.time()) - job.hang_at
             text = [f"{f.get('kind')} {f.get('key')}, {len(f.get('ranks') or ())} ranks named" for f in new]
         if verdict is not None and cpu0 not in (None, REPORTED) and time.time() >= job.hang_at + max(verdict, AFTER_S):
+            if prof is not None:
+                prof.disable()
             c = me.cpu_times()
             results.put(("verdict", verdict, (c.user + c.system - cpu0) / (time.time() - t_cpu0), text,
                          certain if certain is not None else verdict))

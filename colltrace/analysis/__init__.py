@@ -21,10 +21,8 @@ order").
 """
 from __future__ import annotations
 
-import gc
-
 from colltrace.analysis.findings import HANG_KINDS, Verdicts
-from colltrace.analysis.view import Snapshot
+from colltrace.analysis.view import Snapshot, without_gc
 
 __all__ = ["analyze", "HANG_KINDS"]
 
@@ -44,12 +42,5 @@ def analyze(snap: dict, stall_s: float, now: float) -> list[dict]:
         now = float(now)
     except (TypeError, ValueError):
         now = float((snap or {}).get("taken_at") or 0.0) if isinstance(snap, dict) else 0.0
-    # The pass makes many small objects and no reference cycles: the cyclic collector would
-    # only walk the (large) snapshot again and again.
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with without_gc():
         return Verdicts(Snapshot(snap), stall_s, now).run()
-    finally:
-        if was_enabled:
-            gc.enable()

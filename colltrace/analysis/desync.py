@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from colltrace.analysis.view import Snapshot, to_int
+from colltrace.analysis.view import Snapshot, to_int, without_gc
 from colltrace.model.schema import COMPLETED
 from colltrace.words import frame_text, rank_word
 
@@ -79,7 +79,8 @@ def find(snap: Snapshot) -> list[dict]:
 def of_snapshot(snap: dict) -> list[dict]:
     """Silent desyncs of a whole snapshot: warnings, never a reason to fail (nor to fail a report)."""
     try:
-        return find(Snapshot(snap))
+        with without_gc():
+            return find(Snapshot(snap))
     except (TypeError, ValueError, KeyError, AttributeError):
         return []
 
