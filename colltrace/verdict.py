@@ -15,32 +15,33 @@ from dataclasses import dataclass
 
 from colltrace.analysis import analyze, culprits, desync, stragglers
 from colltrace.callsites import samekind
+from colltrace.model.finding import Finding
 from colltrace.reporters.text import render_verdict, summarize
 
 
 @dataclass(frozen=True)
 class Verdict:
-    findings: list[dict]      # most important first, each with its "summary" and "advice"
+    findings: list[Finding]   # most important first, each with its summary and advice
     culprits: list[int]       # the ranks whose own state explains the others' waits
     warnings: list[dict]      # problems that did not hang this run (desyncs)
     stragglers: list[dict]    # who made the others wait (never a finding)
 
     def as_json(self) -> dict:
-        return {"findings": self.findings, "culprits": self.culprits, "warnings": self.warnings,
+        return {"findings": [f.to_json() for f in self.findings], "culprits": self.culprits, "warnings": self.warnings,
                 "stragglers": self.stragglers}
 
     def text(self) -> str:
         return render_verdict(self.findings, self.warnings, self.stragglers)
 
 
-def findings_of(snap: dict, stall_s: float, now: float) -> list[dict]:
+def findings_of(snap: dict, stall_s: float, now: float) -> list[Finding]:
     """The analysis with each finding's words: what the watchdog and the dashboard judge each round
     (the same-kind call sites, which read the user's files, are added where a finding is reported)."""
     return summarize(analyze(snap, stall_s=stall_s, now=now))
 
 
 def of_snapshot(snap: dict, stall_s: float = 30.0, now: float | None = None,
-                findings: list[dict] | None = None) -> Verdict:
+                findings: list[Finding] | None = None) -> Verdict:
     """The whole verdict on `snap`. findings: those already judged and reported (the watchdog's,
     superseded ones included), else judged here at `now` (default: the snapshot's time)."""
     if findings is None:

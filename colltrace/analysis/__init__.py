@@ -23,13 +23,15 @@ from __future__ import annotations
 
 from colltrace.analysis.findings import HANG_KINDS, Verdicts
 from colltrace.analysis.view import Snapshot, without_gc
+from colltrace.model.finding import Finding
 
 __all__ = ["analyze", "HANG_KINDS"]
 
 
-def analyze(snap: dict, stall_s: float, now: float) -> list[dict]:
-    """Every confirmed problem in the snapshot, as finding dicts, most important first: the
-    facts, with "summary" and "advice" empty (colltrace.reporters.text.summarize writes them).
+def analyze(snap: dict, stall_s: float, now: float) -> list[Finding]:
+    """Every confirmed problem in the snapshot, as typed findings (colltrace/model/finding.py),
+    most important first: the facts, with `summary` and `advice` empty
+    (colltrace.reporters.text.summarize writes them).
 
     `stall_s`: how long a collective may wait for ranks that have not arrived before it is a
     stall (deadlocks, mismatches and dead ranks need no threshold). `now`: the time the

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from colltrace.analysis.view import Snapshot, to_int
+from colltrace.model.finding import DuplicateData
 
 MIN_STEPS = 3      # identical sampled steps before it is a pattern
 MIN_SHARE = 0.9    # of the sampled steps the ranks have in common
@@ -122,9 +123,9 @@ def _loader(view, m: dict) -> dict | None:
     return out
 
 
-def findings(v) -> list[tuple[dict, list, set]]:
+def findings(v) -> list[tuple[DuplicateData, list, set]]:
     """The findings for colltrace.analysis.findings.Verdicts `v`: (finding, graph nodes, own ranks)."""
-    out: list[tuple[dict, list, set]] = []
+    out: list[tuple[DuplicateData, list, set]] = []
     for d in find(v.snap):
         r0 = d.ranks[0]
         ranks = {}
@@ -139,19 +140,11 @@ def findings(v) -> list[tuple[dict, list, set]]:
                 rec["loader"] = loader
             ranks[str(r)] = v.ev.entry(r, rec)
         key = f"duplicate_data:batches:{d.group['name']}:{d.model}:{','.join(map(str, d.ranks))}"
-        f = v.ev.base("duplicate_data", key, d.group["name"], d.steps[-1], [], ranks)
-        f["group"] = dict(d.group)
-        f["groups"] = {d.group["name"]: dict(d.group)}
-        f["source"] = "batches"
-        f["model"] = d.kind
-        f["op"] = "forward"
-        f["identical_calls"] = len(d.steps)
-        f["calls"] = d.compared
-        f["seqs"] = d.steps
-        f["digest"] = ranks[str(r0)].get("digest")
-        loader = ranks[str(r0)].get("loader")
-        if loader is not None:
-            f["loader"] = loader
-        f["look_first"] = {"ranks": list(d.ranks), "rank": r0, "reason": "data_split"}
+        # the model's data-parallel group as the ranks described it, not the snapshot's table
+        f = v.ev.base(DuplicateData, key, d.group["name"], d.steps[-1], [], ranks, group=dict(d.group),
+                      groups={d.group["name"]: dict(d.group)}, source="batches", model=d.kind, op="forward",
+                      identical_calls=len(d.steps), calls=d.compared, seqs=d.steps,
+                      digest=ranks[str(r0)].get("digest"), loader=ranks[str(r0)].get("loader"),
+                      look_first={"ranks": list(d.ranks), "rank": r0, "reason": "data_split"})
         out.append((f, [], set(d.ranks)))
     return out

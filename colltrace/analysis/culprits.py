@@ -19,20 +19,20 @@ No table of framework group names: only groups, sequence numbers and who waits o
 """
 from __future__ import annotations
 
+from colltrace.model.finding import Deadlock, DeadRank, Finding, Mismatch, Stall, UnmatchedP2P
 from colltrace.words import and_list, rank_word   # rank lists and joins in the reasons
 
 
-
-def _op(f: dict) -> str:
+def _op(f: Finding) -> str:
     """The collective's name, from the first rank in it ("" when none says)."""
-    for e in (f.get("ranks") or {}).values():
-        if isinstance(e, dict) and e.get("seq") == f.get("seq") and e.get("op"):
+    for e in f.ranks.values():
+        if e.get("seq") == f.seq and e.get("op"):
             return f"{e['op']} "
     return ""
 
 
-def _minority(f: dict) -> list[int]:
-    classes = [c for c in f.get("classes") or () if c.get("ranks")]
+def _minority(f: Mismatch) -> list[int]:
+    classes = [c for c in f.classes if c.get("ranks")]
     if not classes:
         return []
     smallest = min(len(c["ranks"]) for c in classes)
@@ -42,26 +42,25 @@ def _minority(f: dict) -> list[int]:
     return sorted({r for c in odd for r in c["ranks"]})
 
 
-def _roots(f: dict) -> tuple[str, list[int], str]:
+def _roots(f: Finding) -> tuple[str, list[int], str]:
     """(strength, ranks, why) for one finding. strength: "root", "lag", "backend" or ""."""
-    kind = f.get("kind")
-    g = (f.get("group") or {}).get("name")
-    where = f"{_op(f)}#{f.get('seq')} on group {g}"
-    if kind == "mismatch":
+    g = f.group.get("name")
+    where = f"{_op(f)}#{f.seq} on group {g}"
+    if isinstance(f, Mismatch):
         rs = _minority(f)
-        odd = [c for c in f.get("classes") or () if set(c.get("ranks") or ()) & set(rs)]
-        rest = [c for c in f.get("classes") or () if c not in odd]
-        differs = [d.replace("_", " ") for d in f.get("differs") or ()]
+        odd = [c for c in f.classes if set(c.get("ranks") or ()) & set(rs)]
+        rest = [c for c in f.classes if c not in odd]
+        differs = [d.replace("_", " ") for d in f.differs]
         if odd and rest and "op" in differs:
             why = (f"called {odd[0].get('op')} where {rank_word(rest[0]['ranks'])} called "
-                   f"{rest[0].get('op')}, as #{f.get('seq')} on group {g}")
+                   f"{rest[0].get('op')}, as #{f.seq} on group {g}")
         else:
             why = f"called {where} with different {and_list(differs) or 'arguments'} than the other members"
         return "root", rs, why
-    if kind == "dead_rank":
-        return "root", [int(f["rank"])], "died (or exited) while the others still needed it"
-    if kind == "deadlock":
-        cyc = f.get("cycle") or [{}]
+    if isinstance(f, DeadRank):
+        return "root", [f.rank], "died (or exited) while the others still needed it"
+    if isinstance(f, Deadlock):
+        cyc = f.cycle or [{}]
         first = cyc[0]
         why = f"waited in {first.get('op')} #{first.get('seq')} on group {first.get('group')}"
         if first.get("missing"):
@@ -70,43 +69,44 @@ def _roots(f: dict) -> tuple[str, list[int], str]:
             if other:
                 why += f" (waiting in {other.get('op')} #{other.get('seq')} on group {other.get('group')} instead)"
         return "root", sorted(first.get("waiting") or []), why + ": a wait cycle"
-    if kind == "unmatched_p2p":
-        return "root", [int(f["peer"])], f"never posted the op matching rank {f.get('rank')}'s {f.get('op')}"
-    if kind != "stall":
+    if isinstance(f, UnmatchedP2P):
+        return "root", [int(f.peer)] if f.peer is not None else [], \
+            f"never posted the op matching rank {f.rank}'s {f.op}"
+    if not isinstance(f, Stall):
         return "", [], ""
-    if f.get("p2p"):
-        if f.get("stage") == "unverified" and f.get("peer") is not None:
-            return "root", [int(f["peer"])], f"showed no op matching rank {f.get('rank')}'s {f.get('op')}"
-        return "backend", sorted(int(r) for r in f.get("ranks", {})), "posted a transfer that never completes"
-    if f.get("stage") == "completion":
-        if f.get("completed_ranks"):
-            return "lag", sorted(f.get("waiting") or []), (f"did not complete {where}, which "
-                                                           f"{rank_word(f['completed_ranks'])} completed")
-        return "backend", sorted(f.get("waiting") or []), f"entered {where} with everyone, and it never completes"
-    rs = sorted(set(f.get("missing_ranks") or []) | set(f.get("unknown_ranks") or []))
-    waiting = f.get("waiting") or []
+    if f.p2p:
+        if f.stage == "unverified" and f.peer is not None:
+            return "root", [f.peer], f"showed no op matching rank {f.rank}'s {f.op}"
+        return "backend", sorted(int(r) for r in f.ranks), "posted a transfer that never completes"
+    if f.stage == "completion":
+        if f.completed_ranks:
+            return "lag", sorted(f.waiting), (f"did not complete {where}, which "
+                                              f"{rank_word(f.completed_ranks)} completed")
+        return "backend", sorted(f.waiting), f"entered {where} with everyone, and it never completes"
+    rs = sorted(set(f.missing_ranks) | set(f.unknown_ranks or []))
+    waiting = f.waiting
     return "root", rs, (f"never entered {where}" + (f", where {rank_word(waiting)} waited" if waiting else ""))
 
 
-def _waiters(f: dict) -> set[int]:
+def _waiters(f: Finding) -> set[int]:
     """Ranks this finding shows waiting on others (not the ones waited for)."""
-    if f.get("kind") == "unmatched_p2p" or (f.get("kind") == "stall" and f.get("stage") == "unverified"):
-        return {int(f["rank"])} if f.get("rank") is not None else set()
-    if f.get("kind") == "stall" and f.get("stage") != "completion":
-        return set(f.get("waiting") or [])
+    if isinstance(f, UnmatchedP2P) or (isinstance(f, Stall) and f.stage == "unverified"):
+        return {f.rank} if f.rank is not None else set()
+    if isinstance(f, Stall) and f.stage != "completion":
+        return set(f.waiting)
     return set()
 
 
-def explain(findings: list[dict]) -> dict:
+def explain(findings: list[Finding]) -> dict:
     """{"culprits": sorted ranks, "reasons": {rank: [why, ...]}, "others": the ranks that only wait,
     "consequences": keys of the findings that name no culprit}; reporters.text.culprit_paragraph
     renders it."""
-    hang = [f for f in findings if isinstance(f, dict) and f.get("kind") != "duplicate_data"]
+    hang = [f for f in findings if f.kind != "duplicate_data"]
     by: dict[str, dict[int, list[str]]] = {"root": {}, "lag": {}, "backend": {}}
-    for f, (strength, ranks, why) in [(f, _roots(f)) for f in hang]:
+    named = [(f, _roots(f)) for f in hang]
+    for f, (strength, ranks, why) in named:
         for r in ranks if strength else ():
             by[strength].setdefault(r, []).append(why)
-    named = [(f, _roots(f)) for f in hang]
     waiting = set().union(*(_waiters(f) for f in hang)) if hang else set()
     chosen = dict(by["root"])
     for r, whys in by["lag"].items():
@@ -118,13 +118,12 @@ def explain(findings: list[dict]) -> dict:
     culprits = sorted(chosen)
     involved: set[int] = set()
     for f in hang:
-        involved.update(int(r) for r in (f.get("ranks") or {}))
-        involved.update(f.get("behind") or [])
-        w = f.get("waiting")
-        involved.update(w if isinstance(w, list) and all(isinstance(x, int) for x in w) else [])
+        involved.update(int(r) for r in f.ranks)
+        involved.update(f.behind or [])
+        if isinstance(f, Stall):   # ranks; a dead rank's `waiting` lists collectives
+            involved.update(f.waiting)
     others = sorted(involved - set(culprits))
     reasons = {str(r): sorted(set(chosen[r]), key=chosen[r].index) for r in culprits}
     # findings that name no culprit as their own root: work stuck behind the culprits
-    consequences = [f.get("key") for f, (_, ranks, _) in named if not set(ranks) & set(culprits)]
+    consequences = [f.key for f, (_, ranks, _) in named if not set(ranks) & set(culprits)]
     return {"culprits": culprits, "reasons": reasons, "others": others, "consequences": consequences}
-

@@ -5,8 +5,13 @@ one out). Facts only, as analysis/findings.py's verdicts put them together.
 """
 from __future__ import annotations
 
+from typing import TypeVar
+
 from colltrace.analysis.view import PENDING, Rec, RankView, Snapshot, to_int
+from colltrace.model.finding import Finding
 from colltrace.model.schema import IN_FLIGHT, NOT_IN_COLLECTIVE, UNKNOWN, UNREADABLE, WAITING
+
+F = TypeVar("F", bound=Finding)
 
 ROUTINE_SAMPLE = 8      # waiters per key sampled to tell routine calls from odd ones
 ROUTINE_WINDOW = 64     # recent records per rank searched for the same call
@@ -280,18 +285,21 @@ class Evidence:
             return min(range(len(classes)), key=lambda i: len(classes[i][0])), "minority"
         return None, "undecided"
 
-    def base(self, kind: str, key: str, group, seq, missing, ranks: dict) -> dict:
-        f = {"kind": kind, "key": key, "detected_at": self.now, "summary": "", "advice": "",
-             "group": self.group_info(group), "seq": seq, "missing_ranks": sorted(missing), "ranks": ranks}
-        names = {str(group)} if group is not None else set()
-        for e in ranks.values():
-            if e.get("group") is not None:
-                names.add(str(e["group"]))
-            last = e.get("last")
-            if isinstance(last, dict) and last.get("group") is not None:
-                names.add(str(last["group"]))
-        f["groups"] = {n: self.group_info(n) for n in sorted(names)}
-        return f
+    def base(self, cls: type[F], key: str, name, seq, missing, ranks: dict, **fields) -> F:
+        """A finding of kind `cls` on group `name` with the fields every finding has, and this
+        kind's `fields` (which may give `group` and `groups` as the ranks described them)."""
+        if "groups" not in fields:
+            names = {str(name)} if name is not None else set()
+            for e in ranks.values():
+                if e.get("group") is not None:
+                    names.add(str(e["group"]))
+                last = e.get("last")
+                if isinstance(last, dict) and last.get("group") is not None:
+                    names.add(str(last["group"]))
+            fields["groups"] = {n: self.group_info(n) for n in sorted(names)}
+        if "group" not in fields:
+            fields["group"] = self.group_info(name)
+        return cls(key=key, detected_at=self.now, seq=seq, missing_ranks=sorted(missing), ranks=ranks, **fields)
 
     def untraced_before(self, group: str, seq: int, ranks) -> list[dict]:
         """Counted-but-unseen collectives right before `seq`, for the first rank of each class."""
@@ -308,9 +316,9 @@ class Evidence:
         return {str(r): e for r, e in sorted(pairs, key=lambda x: x[0])}
 
     @staticmethod
-    def first_class(f: dict, ranks) -> list[int]:
-        """The first of `ranks` and those doing the same thing at the same place."""
-        table = f["ranks"]
+    def first_class(table: dict[str, dict], ranks) -> list[int]:
+        """The first of `ranks` and those doing the same thing at the same place (in a finding's
+        rank table)."""
         rs = sorted(ranks)
 
         def key(e):

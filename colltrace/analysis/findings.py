@@ -1,5 +1,5 @@
-"""The verdicts: mismatches, dead ranks, deadlocks, stalls and unmatched p2p as finding dicts
-(docs/findings.md), one finding per problem, reported where the problem starts.
+"""The verdicts: mismatches, dead ranks, deadlocks, stalls and unmatched p2p as typed findings
+(colltrace/model/finding.py, docs/findings.md), one finding per problem, reported where the problem starts.
 
 Facts only, no English: who, where (frames marked with their origin: the user's, a framework's,
 torch's), and which ranks to look at first and why (`look_first`). colltrace.reporters.text
@@ -17,6 +17,8 @@ from colltrace.analysis.evidence import (ROUTINE_SAMPLE, ROUTINE_WINDOW, Evidenc
 from colltrace.analysis.matching import Mismatch, check_collective
 from colltrace.analysis.view import Rec, RankView, Snapshot, to_int
 from colltrace.analysis.waitgraph import Key, WaitGraph, coll_name
+from colltrace.model.finding import Deadlock, DeadRank, DuplicateData, Finding, Stall, UnmatchedP2P
+from colltrace.model.finding import Mismatch as MismatchFinding   # matching.Mismatch is the facts it is made of
 from colltrace.model.schema import ALIVE, EXITED
 
 MAX_ALSO_MISSING = 64   # other absent members described in a dead_rank finding (all are listed)
@@ -27,14 +29,14 @@ PRIORITY = {"mismatch": 0, "dead_rank": 1, "deadlock": 2, "stall": 3, "unmatched
 HANG_KINDS = frozenset(("mismatch", "dead_rank", "deadlock", "stall", "unmatched_p2p"))
 
 
-def _frame_refs(f: dict) -> None:
+def _frame_refs(f: Finding) -> None:
     """Point look_first at frames: the index, in its rank's `frames`, of the user's innermost own
     frame ("user_frame") and of the framework call it went through ("framework_frame"); None
     where there is none."""
-    look = f.get("look_first")
-    if not isinstance(look, dict) or look.get("rank") is None:
+    look = f.look_first
+    if look is None or look.get("rank") is None:
         return
-    frames = ((f.get("ranks") or {}).get(str(look["rank"])) or {}).get("frames")
+    frames = (f.ranks.get(str(look["rank"])) or {}).get("frames")
     frames = frames if isinstance(frames, list) else []
     i = next((n for n in range(len(frames) - 1, -1, -1)
               if isinstance(frames[n], dict) and frames[n].get("origin") == "user"), None)
@@ -52,12 +54,12 @@ class Verdicts:
         self.ev = Evidence(snap, now)
 
     # -- the pass ----------------------------------------------------------------------------
-    def run(self) -> list[dict]:
+    def run(self) -> list[Finding]:
         g = self.graph
         mismatches = self._mismatches()
         g.build(set(mismatches))
         deadlocks, dead_causes, stall_roots = self._decide()
-        made: list[tuple[dict, list[int], set[int]]] = []   # (finding, its graph nodes, its own ranks)
+        made: list[tuple[Finding, list[int], set[int]]] = []   # (finding, its graph nodes, its own ranks)
         for mm in mismatches.values():
             if self._settled(mm):   # unsettled ones still keep their key out of deadlocks and stalls
                 made.append(self._mismatch(mm))
@@ -85,7 +87,7 @@ class Verdicts:
             if not any(dup[2] <= own for _, _, own in fed):   # the same ranks' batches: one problem, named once
                 made.append(dup)
         made.extend(fed)
-        made.sort(key=lambda m: (PRIORITY.get(m[0]["kind"], 9), m[0]["key"]))
+        made.sort(key=lambda m: (PRIORITY.get(m[0].kind, 9), m[0].key))
         # Who is stuck behind each problem: each rank credited once, to the first problem.
         seen = {n for _, nodes, _ in made for n in nodes}
         for f, nodes, own in made:
@@ -94,13 +96,13 @@ class Verdicts:
                 behind.update(self.extra_behind.get(n, ()))
             after = sorted(behind - own)
             if after:
-                f["behind"] = after
+                f.behind = after
         out = []
         for f, _, _ in made:
             _frame_refs(f)
             if self.snap.unreadable:
-                f["unreadable_ranks"] = list(self.snap.unreadable)
-                f["unreadable"] = {str(r): e for r, e in self.snap.unreadable.items()}
+                f.unreadable_ranks = list(self.snap.unreadable)
+                f.unreadable = {str(r): e for r, e in self.snap.unreadable.items()}
             out.append(f)
         return out
 
@@ -220,15 +222,12 @@ class Verdicts:
     # -- the verdicts ------------------------------------------------------------------------------
     def _mismatch(self, mm: Mismatch):
         ranks = self.ev.rank_sorted_entries((r, self.ev.entry(r, raw)) for r, raw in mm.records.items())
-        f = self.ev.base("mismatch", f"mismatch:{mm.group}:{mm.seq}", mm.group, mm.seq, mm.not_entered, ranks)
-        f["differs"] = mm.differs
-        f["classes"] = mm.classes
         notes = self.ev.untraced_before(mm.group, mm.seq, [c["ranks"][0] for c in mm.classes])
-        if notes:
-            f["untraced_before"] = notes
         cs = [(sorted(c["ranks"]), mm.records[sorted(c["ranks"])[0]]) for c in mm.classes]
         odd, why = self.ev.odd_ones(cs)
-        f["look_first"] = self.ev.look(why, [rs for rs, _ in cs], odd)
+        f = self.ev.base(MismatchFinding, f"mismatch:{mm.group}:{mm.seq}", mm.group, mm.seq, mm.not_entered, ranks,
+                         differs=mm.differs, classes=mm.classes, untraced_before=notes or None,
+                         look_first=self.ev.look(why, [rs for rs, _ in cs], odd))
         nodes = []
         k = self.graph.keys.get(coll_name(mm.group, mm.seq))
         if k is not None:
@@ -277,23 +276,17 @@ class Verdicts:
             seq = last.get("seq") if isinstance(last, dict) else None
             missing = []
         pid = v.entry.get("pid")
-        f = self.ev.base("dead_rank", f"dead_rank:{rank}" + (f":{pid}" if pid else ""), group, seq, missing,
-                       self.ev.rank_sorted_entries(pairs))
-        f["rank"] = rank
-        f["exit"] = v.exit
-        f["died_at"] = v.entry.get("died_at")
-        f["last_collective"] = compact_record(last)
-        if f["last_collective"] and "frames" in f["last_collective"]:
-            f["last_collective"]["frames"] = self.ev.annotated_frames(v, f["last_collective"]["frames"])
-        f["waiting"] = waiting
-        f["failed"] = failed
-        if also:
-            f["also_missing"] = also
-        if waiting:
-            f["waited_s"] = max(w["waited_s"] for w in waiting)
+        last_collective = compact_record(last)
+        if last_collective and "frames" in last_collective:
+            last_collective["frames"] = self.ev.annotated_frames(v, last_collective["frames"])
         exc = (v.exit or {}).get("exception")
         why = ("error" if exc else "stack" if v.stack else "signal" if (v.exit or {}).get("signal") else "vanished")
-        f["look_first"] = {"ranks": [rank], "rank": rank, "reason": why}
+        f = self.ev.base(DeadRank, f"dead_rank:{rank}" + (f":{pid}" if pid else ""), group, seq, missing,
+                         self.ev.rank_sorted_entries(pairs), rank=rank, exit=v.exit, died_at=v.entry.get("died_at"),
+                         last_collective=last_collective, waiting=waiting, failed=failed,
+                         also_missing=also or None,
+                         waited_s=max(w["waited_s"] for w in waiting) if waiting else None,
+                         look_first={"ranks": [rank], "rank": rank, "reason": why})
         return f, ([node] if node is not None else []), own
 
     def _raised_first(self, dead: set[int]) -> set[int]:
@@ -389,8 +382,6 @@ class Verdicts:
                     own.add(r)
                     pairs.append((r, self.ev.entry(r, where=True)))
         ranks = self.ev.rank_sorted_entries(pairs)
-        f = self.ev.base("deadlock", "deadlock:" + ",".join(sorted(k.name for k in keys)), primary.group,
-                       primary.seq, primary.targets(), ranks)
         cycle = []
         for k in order:
             item = {"key": k.name, "group": k.group, "seq": k.seq, "p2p": k.p2p, "op": k.waiters[0].op,
@@ -399,11 +390,12 @@ class Verdicts:
                 item["peer"] = k.waiters[0].peer
                 item["posted"] = k.posted
             cycle.append(item)
-        f["cycle"] = cycle
-        f["waited_s"] = round(self.now - min(k.first_entered for k in keys), 3)
         # the odd call out: the key whose waiters left their own pattern, else the least routine
-        f["look_first"] = {"ranks": cycle[0]["waiting"], "rank": primary.waiters[0].rank, "key": primary.name,
-                           "reason": marks[primary.name] if marks[primary.name] in ("left", "new") else "odd_call"}
+        look = {"ranks": cycle[0]["waiting"], "rank": primary.waiters[0].rank, "key": primary.name,
+                "reason": marks[primary.name] if marks[primary.name] in ("left", "new") else "odd_call"}
+        f = self.ev.base(Deadlock, "deadlock:" + ",".join(sorted(k.name for k in keys)), primary.group,
+                         primary.seq, primary.targets(), ranks, cycle=cycle,
+                         waited_s=round(self.now - min(k.first_entered for k in keys), 3), look_first=look)
         return f, list(comp), own
 
     def _stall(self, k: Key):
@@ -419,18 +411,12 @@ class Verdicts:
                 pairs.append((m, self.ev.entry(m, where=True)))
         stage = "arrival" if targets else "completion"
         key = f"stall:{k.group}:{k.seq}" + (":completion" if stage == "completion" else "")
-        f = self.ev.base("stall", key, k.group, k.seq, k.missing, self.ev.rank_sorted_entries(pairs))
-        f["stage"] = stage
-        f["waited_s"] = round(g.age(k), 3)
-        f["waiting"] = sorted({w.rank for w in k.waiters})
-        if k.unknown:
-            f["unknown_ranks"] = sorted(k.unknown)
-        notes = self.ev.untraced_before(k.group, k.seq, f["waiting"][:1])
-        if notes:
-            f["untraced_before"] = notes
+        ranks = self.ev.rank_sorted_entries(pairs)
+        waiting = sorted({w.rank for w in k.waiters})
+        completed = None
         if stage == "completion":
-            f["completed_ranks"] = sorted(set(self.snap.members(k.group)) - own)
-            f["look_first"] = {"ranks": f["waiting"], "rank": f["waiting"][0], "reason": "backend"}
+            completed = sorted(set(self.snap.members(k.group)) - own)
+            look = {"ranks": waiting, "rank": waiting[0], "reason": "backend"}
         else:
             # The waiters' own history first: a rank that left its established pattern to enter
             # this collective (a barrier in a rank-conditional branch) is the odd one, not the
@@ -438,10 +424,14 @@ class Verdicts:
             w = k.waiters[0]
             mark = self.ev.pattern(w.rank, w.raw)
             if mark in ("left", "new") and self._absent_routine(targets, k):
-                f["look_first"] = {"ranks": f["waiting"], "rank": w.rank, "reason": mark, "versus": sorted(targets)}
+                look = {"ranks": waiting, "rank": w.rank, "reason": mark, "versus": sorted(targets)}
             else:
-                first = self.ev.first_class(f, targets)
-                f["look_first"] = {"ranks": first, "rank": first[0], "reason": "missing"}
+                first = self.ev.first_class(ranks, targets)
+                look = {"ranks": first, "rank": first[0], "reason": "missing"}
+        f = self.ev.base(Stall, key, k.group, k.seq, k.missing, ranks, stage=stage, waited_s=round(g.age(k), 3),
+                         waiting=waiting, unknown_ranks=sorted(k.unknown) if k.unknown else None,
+                         untraced_before=self.ev.untraced_before(k.group, k.seq, waiting[:1]) or None,
+                         completed_ranks=completed, look_first=look)
         return f, [k.node], own
 
     def _absent_routine(self, targets, k: Key) -> bool:
@@ -475,12 +465,10 @@ class Verdicts:
         own = self.snap.ranks[r0].origins.user_frames if r0 in self.snap.ranks else (lambda fs: [])
         chain = "/".join(f"{f}:{ln}" for f, ln in
                          ((x.get("file"), x.get("line")) for x in own(senders[r0].get("frames"))))
-        f = self.ev.base("duplicate_data", f"duplicate_data:{site.group}:{site.op}:{chain}", site.group, seq, [], ranks)
-        f["calls"] = site.calls
-        f["identical_calls"] = len(site.identical)
-        f["seqs"] = [s for s, _ in site.identical]
-        f["digest"] = next(iter(senders.values())).get("digest")
-        f["look_first"] = {"ranks": sorted(senders), "rank": min(senders), "reason": "data_split"}
+        f = self.ev.base(DuplicateData, f"duplicate_data:{site.group}:{site.op}:{chain}", site.group, seq, [], ranks,
+                         calls=site.calls, identical_calls=len(site.identical), seqs=[s for s, _ in site.identical],
+                         digest=next(iter(senders.values())).get("digest"),
+                         look_first={"ranks": sorted(senders), "rank": min(senders), "reason": "data_split"})
         return f, [], set(senders)
 
     def _p2p(self, k: Key):
@@ -490,26 +478,18 @@ class Verdicts:
         pairs = [(a, self.ev.entry(a, rec))]
         if c is not None and c != a:
             pairs.append((c, self.ev.entry(c, where=True)))
+        ranks = self.ev.rank_sorted_entries(pairs)
+        facts = {"rank": a, "peer": c, "op": rec.op, "posted": k.posted, "waited_s": round(g.age(k), 3)}
+        f: Finding
         if k.status == "missing":
-            kind, key, stage = "unmatched_p2p", f"unmatched_p2p:{a}:{rec.op}:{c}:{rec.seq}", None
+            f = self.ev.base(UnmatchedP2P, f"unmatched_p2p:{a}:{rec.op}:{c}:{rec.seq}", rec.group, rec.seq, [c], ranks,
+                             look_first={"ranks": [c], "rank": c, "reason": "unposted", "versus": [a]}, **facts)
         elif k.status == "posted":
-            kind, key, stage = "stall", f"stall:p2p:{a}:{rec.op}:{c}:{rec.seq}:completion", "completion"
+            f = self.ev.base(Stall, f"stall:p2p:{a}:{rec.op}:{c}:{rec.seq}:completion", rec.group, rec.seq, [], ranks,
+                             stage="completion", p2p=True,
+                             look_first={"ranks": sorted({a, c}), "rank": a, "reason": "transport"}, **facts)
         else:
-            kind, key, stage = "stall", f"stall:p2p:{a}:{rec.op}:{c}:{rec.seq}", "unverified"
-        f = self.ev.base(kind, key, rec.group, rec.seq, [c] if k.status == "missing" else [],
-                       self.ev.rank_sorted_entries(pairs))
-        if stage:
-            f["stage"] = stage
-        f["p2p"] = True
-        f["rank"] = a
-        f["peer"] = c
-        f["op"] = rec.op
-        f["posted"] = k.posted
-        f["waited_s"] = round(g.age(k), 3)
-        if k.status == "missing":
-            f["look_first"] = {"ranks": [c], "rank": c, "reason": "unposted", "versus": [a]}
-        elif k.status == "posted":
-            f["look_first"] = {"ranks": sorted({a, c}), "rank": a, "reason": "transport"}
-        else:
-            f["look_first"] = {"ranks": [c], "rank": c, "reason": "unverified", "versus": [a]}
+            f = self.ev.base(Stall, f"stall:p2p:{a}:{rec.op}:{c}:{rec.seq}", rec.group, rec.seq, [], ranks,
+                             stage="unverified", p2p=True,
+                             look_first={"ranks": [c], "rank": c, "reason": "unverified", "versus": [a]}, **facts)
         return f, [k.node], {a} | ({c} if c is not None else set())

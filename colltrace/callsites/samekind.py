@@ -21,6 +21,7 @@ import os
 
 from colltrace import origins
 from colltrace.callsites import scan
+from colltrace.model.finding import Deadlock, Finding, Stall
 from colltrace.origins import user_frames
 
 KINDS = ("deadlock", "stall")
@@ -55,25 +56,25 @@ def _load(path: str):
     return _cache[key]
 
 
-def _waiting(f: dict) -> list[int]:
-    if f.get("kind") == "deadlock":
-        cycle = f.get("cycle") or [{}]
+def _waiting(f: Finding) -> list[int]:
+    if isinstance(f, Deadlock):
+        cycle = f.cycle or [{}]
         return list(cycle[0].get("waiting") or [])
-    return list(f.get("waiting") or [])
+    return list(f.waiting) if isinstance(f, Stall) else []
 
 
-def _is_default(f: dict) -> bool:
-    g = f.get("group") or {}
+def _is_default(f: Finding) -> bool:
+    g = f.group
     return g.get("desc") == "default_pg" or str(g.get("name")) == "0"
 
 
-def sites_for(f: dict) -> list[dict]:
+def sites_for(f: Finding) -> list[dict]:
     """The same-kind call sites of one finding (empty when it is not a "never called" hang)."""
-    if f.get("kind") not in KINDS or not f.get("missing_ranks"):
+    if f.kind not in KINDS or not f.missing_ranks:
         return []
     chains = []
     for r in _waiting(f):
-        e = (f.get("ranks") or {}).get(str(r)) or {}
+        e = f.ranks.get(str(r)) or {}
         chain = [x for x in user_frames(e.get("frames")) if _user_file(x.get("file"))]
         if chain and chain not in chains:
             chains.append(chain)
@@ -141,15 +142,16 @@ def sites_for(f: dict) -> list[dict]:
     return [s.as_dict() for _, s in out[:MAX_SITES]]
 
 
-def annotate(findings: list[dict]) -> list[dict]:
-    """Add `same_kind` to the findings it concerns (in place); returns the findings."""
+def annotate(findings: list[Finding]) -> list[Finding]:
+    """Set `same_kind` on the findings it concerns, in place (the watchdog's reported findings
+    carry it to the store and report.txt); returns the findings."""
     for f in findings:
-        if "same_kind" in f:
+        if f.same_kind is not None:
             continue
         try:
             sites = sites_for(f)
         except Exception:   # a reading aid: never in the way of the finding itself
             sites = []
         if sites:
-            f["same_kind"] = sites
+            f.same_kind = sites
     return findings

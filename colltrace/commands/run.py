@@ -73,7 +73,7 @@ class RunCommand:
         time.sleep(2 * settings.poll_s)
         stop.set()
         thread.join(timeout=30)
-        n = sum(1 for f in watchdog.findings if not f.get("superseded_by"))
+        n = sum(1 for f in watchdog.findings if not f.superseded_by)
         gone = len(watchdog.findings) - n
         earlier = f" (and {gone} earlier stall superseded by {'it' if n == 1 else 'them'})" if gone else ""
         sys.stderr.write(_verdict_again(watchdog))
@@ -93,8 +93,8 @@ def _verdict_again(watchdog) -> str:
     from colltrace.reporters.text import headline
 
     ending = watchdog.on_hang.ending
-    standing = [f for f in watchdog.findings if not f.get("superseded_by")]
-    acted = [f for f in standing if ending and f.get("key") == ending.get("finding")]
+    standing = [f for f in watchdog.findings if not f.superseded_by]
+    acted = [f for f in standing if ending and f.key == ending.get("finding")]
     if not standing:
         return ""
     text = f"colltrace: verdict: {headline((acted or standing)[0])}\n"

@@ -15,6 +15,7 @@ import time
 
 from colltrace.analysis import HANG_KINDS
 from colltrace.host import probes
+from colltrace.model.finding import DeadRank, Finding, Stall, UnmatchedP2P
 from colltrace.model.schema import WAITING
 from colltrace.reporters.phrases import not_taken_note
 from colltrace.words import format_ranks
@@ -34,7 +35,7 @@ class OnHang:
         self._acted: set[str] = set()    # the leader: the findings acted on (by key)
         self._dumped: set[str] = set()   # every host: the reasons it dumped stacks for
 
-    def due(self, findings: list[dict]) -> tuple[str, str | None] | None:
+    def due(self, findings: list[Finding]) -> tuple[str, str | None] | None:
         """The leader's decision: (why, the finding's key) to act on now, or None. Certain hangs
         are acted on at once, each once, even after a stall was reported; a stall only once every
         rank it waits for is frozen (or after COLLTRACE_ABORT_STALL_S): a rank still computing is
@@ -42,8 +43,8 @@ class OnHang:
         if self.aborted:
             return None
         for f in findings:
-            key = f.get("key")
-            if f.get("kind") not in HANG_KINDS or key in self._acted:   # duplicate data is no hang
+            key = f.key
+            if f.kind not in HANG_KINDS or key in self._acted:   # duplicate data is no hang
                 continue
             ok, why = act_on(f, self.settings.on_hang, self.settings.abort_stall_s)
             if ok:
@@ -106,18 +107,18 @@ class OnHang:
 
 
 # -- what COLLTRACE_ON_HANG=abort may end -----------------------------------------------------------
-def _waited_for(finding: dict) -> list[int]:
+def _waited_for(finding: Finding) -> list[int]:
     """The ranks a stall (or an unmatched p2p op) waits for: judged by their activity."""
-    if finding.get("kind") == "unmatched_p2p":
-        return [int(r) for r in finding.get("missing_ranks") or []]
-    if finding.get("kind") == "stall" and not finding.get("p2p"):
-        return sorted({int(r) for r in (finding.get("missing_ranks") or []) + (finding.get("unknown_ranks") or [])})
+    if isinstance(finding, UnmatchedP2P):
+        return [int(r) for r in finding.missing_ranks]
+    if isinstance(finding, Stall) and not finding.p2p:
+        return sorted({int(r) for r in finding.missing_ranks + (finding.unknown_ranks or [])})
     return []
 
 
-def missing_states(finding: dict) -> dict:
+def missing_states(finding: Finding) -> dict:
     """{rank: its activity state} for the ranks a stall waits for ({} for other findings)."""
-    table = finding.get("ranks") or {}
+    table = finding.ranks
     out = {}
     for r in _waited_for(finding):
         a = (table.get(str(r)) or {}).get("activity")
@@ -125,7 +126,7 @@ def missing_states(finding: dict) -> dict:
     return out
 
 
-def act_on(finding: dict, on_hang: str, abort_stall_s: float = 0.0) -> tuple[bool, str]:
+def act_on(finding: Finding, on_hang: str, abort_stall_s: float = 0.0) -> tuple[bool, str]:
     """Whether COLLTRACE_ON_HANG acts on this finding now, and why. warn and dump act on every
     hang; abort acts on certain ones (mismatch, deadlock, dead rank, a collective every member
     entered) at once, and on a stall only when every rank it waits for is frozen (none moves, none
@@ -134,19 +135,19 @@ def act_on(finding: dict, on_hang: str, abort_stall_s: float = 0.0) -> tuple[boo
     A rank that died at interpreter exit, after its program finished, is reported and never acted
     on while no rank waits for it (the other ranks are finishing too). A stall whose missing rank
     just entered a collective elsewhere is not acted on: it is about to become certain or end."""
-    kind = str(finding.get("kind") or "hang")
-    if kind == "dead_rank" and (finding.get("exit") or {}).get("at_exit") and not finding.get("waiting") \
-            and not finding.get("failed"):
+    kind = finding.kind or "hang"
+    if isinstance(finding, DeadRank) and (finding.exit or {}).get("at_exit") and not finding.waiting \
+            and not finding.failed:
         return False, kind   # it died as its interpreter ended, its program done: no one is kept waiting
     states = missing_states(finding)
     if on_hang != "abort" or not states:
         return True, kind
-    table = finding.get("ranks") or {}
+    table = finding.ranks
     if any((table.get(r) or {}).get("state") == WAITING for r in states):
         # A rank the stall waits for has just entered another collective: within a moment the
         # wait settles into something certain (a cycle, a mismatch) or ends. Not frozen.
         return False, kind
-    waited = finding.get("waited_s") or 0.0
+    waited = finding.waited_s if isinstance(finding, (Stall, UnmatchedP2P)) else 0.0
     if abort_stall_s and waited >= abort_stall_s:
         return True, f"{kind} for {waited:.0f} s >= COLLTRACE_ABORT_STALL_S"
     if all(s in ("frozen", None) for s in states.values()):

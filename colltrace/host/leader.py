@@ -9,6 +9,7 @@ import time
 
 from colltrace.host import clock, meeting, storelink, tree
 from colltrace.model.build import compact_entry
+from colltrace.model.finding import Finding
 from colltrace.words import format_ranks
 
 STORE_RETRY_S = 5.0
@@ -371,7 +372,7 @@ class Exchange:
             except storelink.StoreError as exc:
                 self.down(exc)
 
-    def publish_findings(self, findings: list[dict]) -> None:
+    def publish_findings(self, findings: list[Finding]) -> None:
         top = self._top
         if top is not None:
             try:

@@ -7,6 +7,7 @@ import json
 import os
 
 from colltrace import verdict
+from colltrace.model.finding import Finding
 from colltrace.model.schema import empty
 from colltrace.reporters import stacks, text as report
 from colltrace.tracefile import storage
@@ -29,27 +30,27 @@ class Outputs:
             self.say(f"colltrace: warning: cannot write to {self.dir}: {storage.describe(exc)}; "
                      "findings go to this output only")
 
-    def findings(self, new: list[dict], reported: list[dict], snap: dict) -> None:
+    def findings(self, new: list[Finding], reported: list[Finding], snap: dict) -> None:
         """New findings: each finding's paragraph and stack classes on the stream first (on a
         large job the files take a second more), then appended to findings.jsonl, the snapshot
         and report rewritten."""
         for finding in new:
             classes = stacks.render_stack_classes(finding)
             self.stream.write("\n" + report.paragraph(finding) + "\n" + (classes + "\n" if classes else ""))
-            if finding.get("supersedes"):
+            if finding.supersedes:
                 self.stream.write(report.supersedes_line(finding) + "\n")
         self.stream.flush()
         try:
             with open(os.path.join(self.dir, "findings.jsonl"), "a") as f:
                 for finding in new:
-                    f.write(json.dumps(finding, default=str) + "\n")
+                    f.write(json.dumps(finding.to_json(), default=str) + "\n")
             self.json("snapshot.json", snap)
             self.report(reported, snap)
         except OSError as exc:
             self._write_failed(exc)
         self.say(f"colltrace: details in {self.dir}/report.txt; run: colltrace analyze {self.dir}")
 
-    def report(self, reported: list[dict], snap: dict | None = None) -> None:
+    def report(self, reported: list[Finding], snap: dict | None = None) -> None:
         """report.txt: the verdict in the words `colltrace analyze` uses (culprits first)."""
         text = verdict.of_snapshot(snap or dict(empty()), findings=reported).text()
         with open(os.path.join(self.dir, "report.txt"), "w") as f:

@@ -34,6 +34,8 @@ from datetime import timedelta
 
 from colltrace import address
 from colltrace.errors import ColltraceError
+from colltrace.model import finding
+from colltrace.model.finding import Finding
 
 PREFIX = "colltrace/v1/"
 PUBLISH_S = 0.25
@@ -387,12 +389,12 @@ class StoreLink:
                                                "sample": sorted(sample)}).encode())
         self._changed()
 
-    def publish_findings(self, findings: list[dict]) -> None:
-        self._set(PREFIX + "findings", encode(findings))
+    def publish_findings(self, findings: list[Finding]) -> None:
+        self._set(PREFIX + "findings", encode(finding.to_json(findings)))
 
-    def findings(self) -> list[dict]:
+    def findings(self) -> list[Finding]:
         raw = self._get(PREFIX + "findings")
-        return decode(raw) if raw is not None else []
+        return finding.from_json(decode(raw)) if raw is not None else []
 
     def report_hang(self, why: str) -> None:
         self._set(PREFIX + "hang", why.encode())
@@ -466,7 +468,7 @@ def snapshot_to_folder(address: str, directory: str) -> str:
     from colltrace.model.build import merge
 
     snap = merge(summaries, time.time())
-    snap["findings"] = link.findings()
+    snap["findings"] = finding.to_json(link.findings())
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, "snapshot.json")
     tmp = path + ".tmp"

@@ -23,6 +23,7 @@ from colltrace.host.nodeview import NodeView, process_gone
 from colltrace.host.outputs import Outputs
 from colltrace.model import arrivals
 from colltrace.model.build import merge, suspects
+from colltrace.model.finding import Finding
 from colltrace.reporters.activity import activity_lines
 from colltrace.reporters.stragglers import render_straggler_line
 
@@ -46,8 +47,8 @@ class View:
     """The leader's latest round, read-only: the snapshot it judged, what it found then, and
     every finding reported so far (a problem reported earlier stays here after it is gone)."""
     snapshot: dict
-    findings: list
-    reported: list
+    findings: list[Finding]
+    reported: list[Finding]
     taken_at: float
 
 
@@ -80,7 +81,7 @@ class Watchdog:
         self.on_hang = OnHang(settings, self.node, self.outputs)
         self.latecomers = Latecomers(settings.straggler_share, settings.straggler_window_s)
         self.reported: set[str] = set()
-        self.findings: list[dict] = []      # every finding reported, in order
+        self.findings: list[Finding] = []   # every finding reported, in order
         self._states: dict[str, dict] = {}  # finding key -> its missing ranks' activity states, last said
         self._view: View | None = None
         self._last_judged: tuple | None = None   # (when, its input's key, the answer, the tables): _judge
@@ -114,7 +115,7 @@ class Watchdog:
         self.store.close()
 
     # -- one round --------------------------------------------------------------------------
-    def _publish(self, snap: dict, findings: list[dict], new: list[dict], now: float) -> None:
+    def _publish(self, snap: dict, findings: list[Finding], new: list[Finding], now: float) -> None:
         self._view = View(snap, findings, list(self.findings), now)
         for callback in list(self._subscribers):
             try:
@@ -164,10 +165,10 @@ class Watchdog:
         if self.settings.dashboard and self.dashboard is None and (self.store.store_address is None or 0 in self.node.traces):
             self.dashboard = False   # on the host of rank 0 only, once; its imports take a second: off this loop
             threading.Thread(target=self.serve_dashboard, name="colltrace-dashboard-start", daemon=True).start()
-        new = [f for f in findings if f.get("key") not in self.reported]
+        new = [f for f in findings if f.key not in self.reported]
         if new:
             for f in new:
-                self.reported.add(f.get("key"))
+                self.reported.add(f.key)
             self._supersede(new, findings)
             samekind.annotate(new)   # reads the user's source: after the (pure) analysis
             self.findings.extend(new)
@@ -182,7 +183,7 @@ class Watchdog:
             self.on_hang.act(why, key)
         return new
 
-    def _judge(self, snap: dict, summary: dict, others: list[dict], now: float) -> list[dict] | None:
+    def _judge(self, snap: dict, summary: dict, others: list[dict], now: float) -> list[Finding] | None:
         """The findings on this round's snapshot; None where a large job cannot be judged yet (the
         ranks the root asked for are not all in full: host/tree.py's judged). On a large job whose
         input did not change since the last round that judged it (every other host's summary the
@@ -204,41 +205,41 @@ class Watchdog:
         self._last_judged = (now, key, findings, tables) if key is not None else None
         return findings
 
-    def _supersede(self, new: list[dict], findings: list[dict]) -> None:
+    def _supersede(self, new: list[Finding], findings: list[Finding]) -> None:
         """A stall (or unmatched p2p op) reported earlier that has now turned into something
         certain (a wait cycle, a mismatch, a dead rank) is marked superseded by it, in place in
         the findings reported (report.txt, the dashboard), and the new finding names it: the
         stall is not repeated, and its end is not announced as if the ranks had arrived."""
-        current = {f.get("key") for f in findings}
+        current = {f.key for f in findings}
         for f in new:
-            if f.get("kind") not in CERTAIN_KINDS:
+            if f.kind not in CERTAIN_KINDS:
                 continue
-            ranks = set(f.get("ranks") or {})
-            old = [x for x in self.findings if x.get("kind") in SUPERSEDABLE and not x.get("superseded_by")
-                   and x.get("key") not in current and ranks & set(x.get("ranks") or {})]
+            ranks = set(f.ranks)
+            old = [x for x in self.findings if x.kind in SUPERSEDABLE and not x.superseded_by
+                   and x.key not in current and ranks & set(x.ranks)]
             for x in old:
-                x["superseded_by"] = f.get("key")
-                self._states.pop(x.get("key"), None)
+                x.superseded_by = f.key   # in place: the watchdog owns both fields
+                self._states.pop(x.key, None)
             if old:
-                f["supersedes"] = [x.get("key") for x in old]
+                f.supersedes = [x.key for x in old]
 
-    def _follow(self, findings: list[dict], new: list[dict], snap: dict) -> None:
+    def _follow(self, findings: list[Finding], new: list[Finding], snap: dict) -> None:
         """A stall already reported whose missing ranks changed from progressing to frozen (or
         back): say so in one line, and keep report.txt and snapshot.json current."""
         changed = []
         for f in findings:
             states = missing_states(f)
-            key = f.get("key")
+            key = f.key
             if not states or key not in self.reported:
                 continue
             before = self._states.get(key)
             self._states[key] = states
             if f in new or before == states or any(x in (None, "unknown") for x in states.values()):
                 continue   # unchanged, or no longer observed (ended): the report keeps what was seen
-            self.findings = [f if x.get("key") == key else x for x in self.findings]
+            self.findings = [f if x.key == key else x for x in self.findings]
             changed.append(f)
             self.stream.write(f"colltrace: update on {key}: {activity_lines(f)}\n")
-        current = {f.get("key") for f in findings}
+        current = {f.key for f in findings}
         for key in [k for k in self._states if k not in current]:
             states = self._states.pop(key)
             if not new and not self.aborted:   # it ended without a problem taking its place

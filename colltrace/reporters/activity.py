@@ -2,6 +2,7 @@
 (host/probes.py's samples), and the threads that died in them."""
 from __future__ import annotations
 
+from colltrace.model.finding import Finding, Stall
 from colltrace.words import frame_text, rank_word, sorted_ranks
 from colltrace.reporters.phrases import capitalized, first_line, verb_for
 from colltrace.reporters.locations import user_location, where
@@ -45,11 +46,11 @@ def _thread_death_lines(rank, e: dict) -> list[str]:
     return out
 
 
-def activity_lines(finding: dict, ranks=None) -> str:
+def activity_lines(finding: Finding, ranks=None) -> str:
     """The activity of the ranks a stall waits for, "; "-joined ("" when nothing was sampled)."""
-    table = finding.get("ranks") or {}
+    table = finding.ranks
     if ranks is None:
-        ranks = (finding.get("missing_ranks") or []) + (finding.get("unknown_ranks") or [])
+        ranks = finding.missing_ranks + ((finding.unknown_ranks or []) if isinstance(finding, Stall) else [])
     parts = []
     for r in sorted_ranks(ranks):
         e = table.get(str(r)) or {}
@@ -59,9 +60,9 @@ def activity_lines(finding: dict, ranks=None) -> str:
     return "; ".join(parts)
 
 
-def activity_clause(finding: dict, ranks) -> str:
+def activity_clause(finding: Finding, ranks) -> str:
     """" Progress: …" for a stall's paragraph, and what it means for COLLTRACE_ON_HANG=abort."""
-    table = finding.get("ranks") or {}
+    table = finding.ranks
     lines = [d for r in sorted_ranks(ranks) for d in _thread_death_lines(r, table.get(str(r)) or {})]
     deaths = "".join(f" {capitalized(d)}." for d in lines)
     text = activity_lines(finding, ranks)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from colltrace.model.finding import Deadlock, DeadRank, DuplicateData, Finding, Mismatch, Stall, UnmatchedP2P
 from colltrace.model.schema import UNKNOWN, UNREADABLE
 from colltrace.words import and_list, rank_word
 from colltrace.reporters.phrases import (PENDING_STATES, capitalized, exit_text, first_line, it_word, its_word,
@@ -24,10 +25,10 @@ def _history_clause(look: dict) -> str:
     return ""
 
 
-def _advice_mismatch(f: dict, look: dict) -> str:
-    table = f.get("ranks") or {}
-    cls = [c for c in f.get("classes") or [] if c.get("ranks")]
-    g, seq = (f.get("group") or {}).get("name"), f.get("seq")
+def _advice_mismatch(f: Mismatch, look: dict) -> str:
+    table = f.ranks
+    cls = [c for c in f.classes if c.get("ranks")]
+    g, seq = f.group.get("name"), f.seq
     if look.get("reason") == "undecided" or look.get("rank") is None:
         sides = [f"{rank_word(c['ranks'])} {verb_for(c['ranks'], 'calls', 'call')} {c.get('op')} at "
                  f"{call_site((table.get(str(sorted(c['ranks'])[0])) or {}).get('frames')) or 'an unknown place'}"
@@ -42,22 +43,22 @@ def _advice_mismatch(f: dict, look: dict) -> str:
     loc2 = user_location((table.get(str(sorted(other["ranks"])[0])) or {}).get("frames")) if other["ranks"] else None
     who, them = rank_word(mine["ranks"]), rank_word(other["ranks"])
     at = f" (at {loc2})" if loc2 else ""
-    if "op" in (f.get("differs") or []):
+    if "op" in f.differs:
         what = f"{mine.get('op')} where {them} {verb_for(other['ranks'], 'calls', 'call')} {other.get('op')}{at}"
     else:
-        fields = and_list([d.replace("_", " ") for d in f.get("differs") or ["?"]])
+        fields = and_list([d.replace("_", " ") for d in f.differs or ["?"]])
         what = f"{mine.get('op')} with different {fields} than {them}{at}"
     return (f"Look first at {loc}: {who} {verb_for(mine['ranks'], 'calls', 'call')} {what}, as collective #{seq} on "
             f"group {g}." + _history_clause(dict(look, ranks=mine["ranks"], versus=look.get("versus") or other["ranks"])))
 
 
-def _advice_dead(f: dict, look: dict) -> str:
-    rank = f.get("rank")
-    e = (f.get("ranks") or {}).get(str(rank)) or {}
+def _advice_dead(f: DeadRank, look: dict) -> str:
+    rank = f.rank
+    e = f.ranks.get(str(rank)) or {}
     how = exit_text(e)
     why = look.get("reason")
     exc = (e.get("exit") or {}).get("exception") if isinstance(e.get("exit"), dict) else None
-    if (e.get("exit") or {}).get("at_exit") and not f.get("waiting") and not f.get("failed"):
+    if (e.get("exit") or {}).get("at_exit") and not f.waiting and not f.failed:
         return (f"Nothing waits for rank {rank}: its program had finished. A signal this late comes from native "
                 f"threads still running as Python shuts down (gloo's, when a process group outlives "
                 f"destroy_process_group or is never destroyed); its log has the stack.")
@@ -71,14 +72,14 @@ def _advice_dead(f: dict, look: dict) -> str:
     return f"Look first at why rank {rank} {how}: its log, and the kernel log (dmesg) for the OOM killer."
 
 
-def _advice_deadlock(f: dict, look: dict) -> str:
-    cycle = f.get("cycle") or []
+def _advice_deadlock(f: Deadlock, look: dict) -> str:
+    cycle = f.cycle
     if not cycle:
         return ""
     first = cycle[0]
     waiting, missing = first.get("waiting") or [], first.get("missing") or []
     if len(classes(f, waiting, key=where)) == 1:
-        loc = call_site(((f.get("ranks") or {}).get(str(look.get("rank"))) or {}).get("frames")) or locations_text(f, waiting)
+        loc = call_site((f.ranks.get(str(look.get("rank"))) or {}).get("frames")) or locations_text(f, waiting)
     else:
         loc = locations_text(f, waiting)
     others = [c for c in cycle[1:] if set(c.get("waiting") or []) & set(missing)]
@@ -106,11 +107,11 @@ def _thread_death_advice(e: dict, who: str, goal: str) -> str:
             f"({first_line(x.get('message') or '')}), and {who} waits at {where(e)} instead of reaching {goal}.")
 
 
-def _advice_stall(f: dict, look: dict) -> str:
-    table = f.get("ranks") or {}
-    waiting = f.get("waiting") or []
+def _advice_stall(f: Stall, look: dict) -> str:
+    table = f.ranks
+    waiting = f.waiting
     sample = sample_entry(f, waiting)
-    op, g, seq = sample.get("op") or "collective", (f.get("group") or {}).get("name"), f.get("seq")
+    op, g, seq = sample.get("op") or "collective", f.group.get("name"), f.seq
     why = look.get("reason")
     if why == "backend":
         return (f"Look first at the backend on {rank_word(waiting)} ({op} #{seq} on group {g} at "
@@ -140,10 +141,10 @@ def _advice_stall(f: dict, look: dict) -> str:
             f"{verb_for(rs, 'it never reaches', 'they never reach')} {goal}.")
 
 
-def _advice_p2p(f: dict, look: dict) -> str:
-    table = f.get("ranks") or {}
-    a, c = f.get("rank"), f.get("peer")
-    op = f.get("op") or ((table.get(str(a)) or {}).get("op"))
+def _advice_p2p(f: Stall | UnmatchedP2P, look: dict) -> str:
+    table = f.ranks
+    a, c = f.rank, f.peer
+    op = f.op or ((table.get(str(a)) or {}).get("op"))
     loc = user_location((table.get(str(a)) or {}).get("frames")) or "the call"
     why = look.get("reason")
     if why == "unposted":
@@ -157,14 +158,14 @@ def _advice_p2p(f: dict, look: dict) -> str:
             f"posted the match.")
 
 
-def advice(finding: dict) -> str:
-    """The "Look first at ..." sentence, from the finding's look_first facts."""
-    look = finding.get("look_first")
-    if not isinstance(look, dict):
-        return str(finding.get("advice") or "")
-    kind = finding.get("kind")
-    if look.get("reason") == "data_split" and isinstance(finding.get("loader"), dict):
-        loader = finding["loader"]
+def advice(finding: Finding) -> str:
+    """The "Look first at ..." sentence, from the finding's look_first facts (a finding of a kind
+    this version does not know keeps the advice it came with)."""
+    look = finding.look_first
+    if look is None:
+        return finding.advice
+    loader = finding.loader if isinstance(finding, DuplicateData) else None
+    if look.get("reason") == "data_split" and loader is not None:
         at = f"{os.path.basename(str(loader.get('file') or '?'))}:{loader.get('line')}"
         if loader.get("distributed"):
             return (f"Look first at the DataLoader at {at}: its DistributedSampler must be given the world "
@@ -175,14 +176,14 @@ def advice(finding: dict) -> str:
     if look.get("reason") == "data_split":
         return ("Look first at how the data is split over the ranks: a DataLoader without a DistributedSampler "
                 "(or one built before init_process_group) gives every rank the same batches.")
-    if kind == "mismatch":
+    if isinstance(finding, Mismatch):
         return _advice_mismatch(finding, look)
-    if kind == "dead_rank":
+    if isinstance(finding, DeadRank):
         return _advice_dead(finding, look)
-    if kind == "deadlock":
+    if isinstance(finding, Deadlock):
         return _advice_deadlock(finding, look)
-    if finding.get("p2p"):
+    if isinstance(finding, UnmatchedP2P) or (isinstance(finding, Stall) and finding.p2p):
         return _advice_p2p(finding, look)
-    if kind == "stall":
+    if isinstance(finding, Stall):
         return _advice_stall(finding, look)
-    return str(finding.get("advice") or "")
+    return finding.advice

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+from colltrace.model.finding import Finding
 from colltrace.model.schema import UNKNOWN
 from colltrace.origins import FRAMEWORK, USER, for_roots, origin_of
 from colltrace.words import frame_text, rank_word, sorted_ranks
@@ -118,9 +119,9 @@ def where(entry: dict) -> str:
     return _user_location(entry.get("frames")) or "an unknown place (no frames recorded)"
 
 
-def classes(finding: dict, ranks, key=None) -> list[tuple[list[int], dict]]:
+def classes(finding: Finding, ranks, key=None) -> list[tuple[list[int], dict]]:
     """Ranks grouped by what they do and where: [(ranks, a sample entry)], by first rank."""
-    table = finding.get("ranks") or {}
+    table = finding.ranks
     key = key or (lambda e: (e.get("state"), e.get("op"), e.get("group"), e.get("seq"), e.get("peer"), where(e)))
     groups: dict = {}
     unknown = {"state": UNKNOWN}
@@ -135,7 +136,7 @@ def classes(finding: dict, ranks, key=None) -> list[tuple[list[int], dict]]:
     return sorted(groups.values(), key=lambda c: c[0][0])
 
 
-def locations_text(finding: dict, ranks) -> str:
+def locations_text(finding: Finding, ranks) -> str:
     """"checkpoint.py:302 (save)" or "a.py:1 (f) (ranks 0-3), b.py:2 (g) (ranks 4-6)"."""
     cs = classes(finding, ranks, key=lambda e: where(e))
     if not cs:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import time
 
+from colltrace.model.finding import Finding, Mismatch, Stall
 from colltrace.model.schema import EXITED
 from colltrace.words import rank_word, short_ranks, sorted_ranks
 
@@ -23,17 +24,14 @@ def verb_for(ranks, singular: str, plural: str) -> str:
     return singular if len(set(ranks or ())) == 1 else plural
 
 
-def _group(finding: dict, name) -> dict | None:
-    table = finding.get("groups") or {}
-    g = table.get(str(name))
-    if g is None:
-        main = finding.get("group")
-        if isinstance(main, dict) and str(main.get("name")) == str(name):
-            g = main
-    return g if isinstance(g, dict) else None
+def _group(finding: Finding, name) -> dict | None:
+    g = finding.groups.get(str(name))
+    if g is None and str(finding.group.get("name")) == str(name):
+        g = finding.group
+    return g
 
 
-def group_phrase(finding: dict, name) -> str:
+def group_phrase(finding: Finding, name) -> str:
     """"group 0 (default_pg, ranks 0-7)"."""
     g = _group(finding, name)
     if not g:
@@ -50,7 +48,7 @@ def direction_word(e: dict) -> str:
     return "to" if backend == "send" or op in ("send", "isend", "send_object_list") else "from"
 
 
-def op_phrase(finding: dict, e: dict, full_group: bool = True) -> str:
+def op_phrase(finding: Finding, e: dict, full_group: bool = True) -> str:
     """"barrier #5 on group 0 (default_pg, ranks 0-7)" or "recv from rank 3 (#2 between them) on group 0"."""
     op = e.get("op") or "?"
     grp = group_phrase(finding, e.get("group")) if full_group else f"group {e.get('group')}"
@@ -94,10 +92,10 @@ def _ended_by_colltrace(e: dict) -> bool:
     return isinstance(e.get("exit"), dict) and e["exit"].get("ended_by") == "colltrace"
 
 
-def died_since(f: dict, dead: list[int], still: str = "") -> str:
+def died_since(f: Finding, dead: list[int], still: str = "") -> str:
     """" Ranks 0-2 have died since." — or, for the ranks colltrace itself ended after the
     finding: " colltrace then ended ranks 0-3 (abort: deadlock) at 14:37:17." """
-    table = f.get("ranks") or {}
+    table = f.ranks
     ended = [r for r in dead if _ended_by_colltrace(table.get(str(r)) or {})]
     others = [r for r in dead if r not in ended]
     text = ""
@@ -122,7 +120,7 @@ def shape_text(shapes) -> str:
         return str(shapes)
 
 
-def who_phrase(finding: dict, ranks, group=None) -> str:
+def who_phrase(finding: Finding, ranks, group=None) -> str:
     """rank_word, or for most of a large group: "511 ranks (all of group 1 but rank 8)"."""
     rs = sorted_ranks(ranks)
     g = _group(finding, group) if group is not None else None
@@ -134,19 +132,19 @@ def who_phrase(finding: dict, ranks, group=None) -> str:
     return rank_word(rs)
 
 
-def sample_entry(finding: dict, ranks) -> dict:
-    table = finding.get("ranks") or {}
+def sample_entry(finding: Finding, ranks) -> dict:
+    table = finding.ranks
     return next((table[str(r)] for r in sorted_ranks(ranks) if str(r) in table), {})
 
 
-def behind_clause(finding: dict) -> str:
-    b = finding.get("behind") or []
+def behind_clause(finding: Finding) -> str:
+    b = finding.behind or []
     return f" Also stuck behind this: {rank_word(b)}." if b else ""
 
 
-def untraced_clause(finding: dict) -> str:
+def untraced_clause(finding: Mismatch | Stall) -> str:
     out = ""
-    for n in finding.get("untraced_before") or []:
+    for n in finding.untraced_before or []:
         out += (f" {n.get('count')} untraced collective(s) (run by torch itself, e.g. DDP's C++ all-reduces) ran on "
                 f"group {n.get('group')} just before, on {rank_word(n.get('ranks'))}.")
     return out

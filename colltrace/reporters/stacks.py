@@ -1,6 +1,7 @@
 """Stack classes: the ranks of a finding grouped by their stacks, with rank ranges (like LLNL's STAT)."""
 from __future__ import annotations
 
+from colltrace.model.finding import Finding
 from colltrace.model.schema import DEAD, EXITED, FAILED, NOT_IN_COLLECTIVE, UNKNOWN, UNREADABLE
 from colltrace.origins import user_frames
 from colltrace.words import frame_text, rank_word
@@ -59,11 +60,11 @@ def _stack_label(e: dict) -> str:
     return " → ".join(_stack_chain(e.get("frames")) + [_stack_tail(e)])
 
 
-def stack_classes(finding: dict) -> tuple[list[dict], dict | None]:
+def stack_classes(finding: Finding) -> tuple[list[dict], dict | None]:
     """Ranks with the same stack grouped into classes, as data: ([{"ranks": [ints], "ranks_text",
     "stack": label}], {"classes": n, "ranks": n} beyond MAX_CLASSES or None)."""
-    table = finding.get("ranks") or {}
-    if not isinstance(table, dict) or not table:
+    table = finding.ranks
+    if not table:
         return [], None
     by_label: dict[str, list[int]] = {}
     for r, e in table.items():
@@ -80,7 +81,7 @@ def stack_classes(finding: dict) -> tuple[list[dict], dict | None]:
     return out, more
 
 
-def render_stack_classes(finding: dict) -> str:
+def render_stack_classes(finding: Finding) -> str:
     """Ranks with the same stack grouped into classes, STAT-like:
     "ranks 0-6: train.py:900 (main) → checkpoint.py:302 (save) → barrier #5 on group 0"."""
     rows, more = stack_classes(finding)

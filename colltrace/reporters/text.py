@@ -2,16 +2,19 @@
 its parts from the modules beside this one: phrases, locations, stacks, activity, advice), the
 report and the verdict that `colltrace analyze`, report.txt and the watchdog's stderr share.
 
-Everything here reads the finding dict alone (as written to findings.jsonl), so the same text
+Everything here reads the finding alone (what findings.jsonl holds of it), so the same text
 comes from a live watchdog and from `colltrace analyze` on a copied folder.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import dataclasses
 import os
 import re
 
+from colltrace.model.finding import (Deadlock, DeadRank, DuplicateData, Finding, Mismatch, Stall,
+                                     UnmatchedP2P)
 from colltrace.model.schema import DEAD, EXITED, UNKNOWN, UNREADABLE
 from colltrace.words import and_list, frame_text_of, rank_word, short_ranks, sorted_ranks
 from colltrace.reporters.phrases import (PENDING_STATES, behind_clause, capitalized, clock, died_since, exit_text,
@@ -24,7 +27,7 @@ from colltrace.reporters.advice import advice
 from colltrace.reporters.stragglers import render_stragglers
 
 
-def _where_instead(finding: dict, rs: list[int], e: dict) -> str:
+def _where_instead(finding: Finding, rs: list[int], e: dict) -> str:
     """What ranks that did not arrive are doing instead (one clause)."""
     who = rank_word(rs)
     state = e.get("state")
@@ -57,7 +60,7 @@ def _where_instead(finding: dict, rs: list[int], e: dict) -> str:
     return text + ")"
 
 
-def _missing_text(finding: dict, ranks) -> str:
+def _missing_text(finding: Finding, ranks) -> str:
     cs = classes(finding, ranks)
     parts = [_where_instead(finding, rs, e) for rs, e in cs[:6]]
     if len(cs) > 6:
@@ -65,7 +68,7 @@ def _missing_text(finding: dict, ranks) -> str:
     return "; ".join(parts)
 
 
-def _waiters_clause(finding: dict, ranks, verb_s="waits", verb_p="wait", prep="in") -> str:
+def _waiters_clause(finding: Finding, ranks, verb_s="waits", verb_p="wait", prep="in") -> str:
     """"ranks 0-6 wait in barrier #5 on group 0 (...) at checkpoint.py:302 (save)"."""
     sample = sample_entry(finding, ranks)
     prep = f" {prep}" if prep else ""
@@ -73,8 +76,8 @@ def _waiters_clause(finding: dict, ranks, verb_s="waits", verb_p="wait", prep="i
             f"{op_phrase(finding, sample)} at {locations_text(finding, ranks)}")
 
 
-def _unreadable(finding: dict) -> str:
-    u = finding.get("unreadable_ranks") or []
+def _unreadable(finding: Finding) -> str:
+    u = finding.unreadable_ranks or []
     return f" Could not read {rank_word(u)}: the analysis did not see {verb_for(u, 'it', 'them')}." if u else ""
 
 
@@ -100,22 +103,22 @@ def _call_text(c: dict) -> str:
     return text
 
 
-def _mismatch(f: dict) -> str:
-    g = (f.get("group") or {}).get("name")
+def _mismatch(f: Mismatch) -> str:
+    g = f.group.get("name")
     parts = [f"{rank_word(c.get('ranks'))} called {_call_text(c)} at {locations_text(f, c.get('ranks'))}"
-             for c in f.get("classes") or []]
-    differs = [d.replace("_", " ") for d in f.get("differs") or ["?"]]
-    text = (f"Mismatch: collective #{f.get('seq')} on {group_phrase(f, g)} is not the same call on every rank: "
+             for c in f.classes]
+    differs = [d.replace("_", " ") for d in f.differs or ["?"]]
+    text = (f"Mismatch: collective #{f.seq} on {group_phrase(f, g)} is not the same call on every rank: "
             + "; ".join(parts) + f". They differ in {and_list(differs)}.")
-    m = f.get("missing_ranks")
+    m = f.missing_ranks
     if m:
         text += f" {capitalized(rank_word(m))} {verb_for(m, 'has', 'have')} not reached it yet."
     return text + untraced_clause(f)
 
 
-def _deadlock(f: dict) -> str:
+def _deadlock(f: Deadlock) -> str:
     clauses = []
-    for item in f.get("cycle") or []:
+    for item in f.cycle:
         waiting, missing = item.get("waiting") or [], item.get("missing") or []
         if item.get("p2p"):
             clauses.append(_waiters_clause(f, waiting) + f", whose matching op {rank_word(missing)} "
@@ -123,22 +126,22 @@ def _deadlock(f: dict) -> str:
         else:
             clauses.append(_waiters_clause(f, waiting) + f" for {rank_word(missing)}, which "
                                                          f"{verb_for(missing, 'has', 'have')} not entered it")
-    groups = sorted({str(i.get("group")) for i in f.get("cycle") or []}, key=natural_key)
+    groups = sorted({str(i.get("group")) for i in f.cycle}, key=natural_key)
     head = f"Deadlock across groups {and_list(groups)}: " if len(groups) > 1 else f"Deadlock on group {and_list(groups or ['?'])}: "
     text = head + ": ".join(clauses) + (f". Nobody in this cycle can proceed (the longest has waited "
-                                        f"{seconds(f.get('waited_s'))}).")
-    dead = [int(r) for r, e in (f.get("ranks") or {}).items() if e.get("state") in (DEAD, EXITED)]
+                                        f"{seconds(f.waited_s)}).")
+    dead = [int(r) for r, e in f.ranks.items() if e.get("state") in (DEAD, EXITED)]
     text += died_since(f, sorted(dead))
     return text + behind_clause(f)
 
 
-def _stall(f: dict) -> str:
-    table = f.get("ranks") or {}
-    g = (f.get("group") or {}).get("name")
-    stage = f.get("stage")
-    waited = seconds(f.get("waited_s"))
-    if f.get("p2p"):
-        a, c = f.get("rank"), f.get("peer")
+def _stall(f: Stall) -> str:
+    table = f.ranks
+    g = f.group.get("name")
+    stage = f.stage
+    waited = seconds(f.waited_s)
+    if f.p2p:
+        a, c = f.rank, f.peer
         e = table.get(str(a), {})
         text = f"Stall: rank {a} has waited {waited} in {op_phrase(f, e)} at {where(e)}"
         if stage == "completion":
@@ -148,11 +151,11 @@ def _stall(f: dict) -> str:
         if c is not None and str(c) in table:
             text += " " + capitalized(_where_instead(f, [int(c)], table[str(c)])) + "."
         return text + behind_clause(f)
-    waiting = f.get("waiting") or []
+    waiting = f.waiting
     if stage == "completion":
         sample = sample_entry(f, waiting)
-        done = f.get("completed_ranks") or []
-        text = (f"Stall: every member of {group_phrase(f, g)} entered {sample.get('op', 'collective')} #{f.get('seq')}"
+        done = f.completed_ranks or []
+        text = (f"Stall: every member of {group_phrase(f, g)} entered {sample.get('op', 'collective')} #{f.seq}"
                 f" at {locations_text(f, waiting)}, but ")
         if done:
             text += (f"only {rank_word(done)} completed it; {who_phrase(f, waiting, g)} {verb_for(waiting, 'has', 'have')} "
@@ -161,7 +164,7 @@ def _stall(f: dict) -> str:
             text += f"none has completed it after {waited}"
         text += ": the collective itself is hung (a GPU kernel that does not finish, a network or transport fault)."
         return text + untraced_clause(f) + behind_clause(f)
-    missing = (f.get("missing_ranks") or []) + (f.get("unknown_ranks") or [])
+    missing = f.missing_ranks + (f.unknown_ranks or [])
     instead = _missing_text(f, missing)
     text = (f"Stall: {_waiters_clause(f, waiting, f'has waited {waited}', f'have waited {waited}')}"
             f" for {rank_word(missing)}, which {verb_for(missing, 'has', 'have')} not entered it. {capitalized(instead)}.")
@@ -171,14 +174,14 @@ def _stall(f: dict) -> str:
     return text + untraced_clause(f) + behind_clause(f)
 
 
-def _unmatched(f: dict) -> str:
-    table = f.get("ranks") or {}
-    a, c = f.get("rank"), f.get("peer")
+def _unmatched(f: UnmatchedP2P) -> str:
+    table = f.ranks
+    a, c = f.rank, f.peer
     e = table.get(str(a), {})
-    posted = f.get("posted")
+    posted = f.posted
     want = {"send": "recv", "recv": "send"}.get(str(e.get("backend_op") or ""), "matching op")
     count = f" (it posted {posted} to rank {a} so far)" if isinstance(posted, int) else ""
-    text = (f"Unmatched p2p: rank {a} has waited {seconds(f.get('waited_s'))} in {op_phrase(f, e)} at {where(e)}, "
+    text = (f"Unmatched p2p: rank {a} has waited {seconds(f.waited_s)} in {op_phrase(f, e)} at {where(e)}, "
             f"but rank {c} has not posted the matching {want}{count}.")
     if c is not None and str(c) in table:
         text += " " + capitalized(_where_instead(f, [int(c)], table[str(c)])) + "."
@@ -186,9 +189,9 @@ def _unmatched(f: dict) -> str:
     return text + behind_clause(f)
 
 
-def _dead_rank(f: dict) -> str:
-    table = f.get("ranks") or {}
-    d = f.get("rank")
+def _dead_rank(f: DeadRank) -> str:
+    table = f.ranks
+    d = f.rank
     e = table.get(str(d), {})
     text = f"Dead rank: rank {d}"
     if e.get("host"):
@@ -197,46 +200,46 @@ def _dead_rank(f: dict) -> str:
     if e.get("stack"):
         text += f"; it was at {user_location(e['stack'])} when it died"
     text += "."
-    last = f.get("last_collective")
-    if isinstance(last, dict) and last.get("op"):
+    last = f.last_collective
+    if last is not None and last.get("op"):
         state = {"waiting": "it died inside it", "in_flight": "still in flight", "completed": "completed",
                  "failed": "it failed"}.get(str(last.get("state")), last.get("state"))
         text += (f" Its last collective was {last.get('op')} #{last.get('seq')} on {group_phrase(f, last.get('group'))}"
                  f" at {where(last)} ({state}).")
-    waits = f.get("waiting") or []
+    waits = f.waiting
     for w in waits:
         rs = w.get("ranks") or []
         sample = sample_entry(f, rs)
         text += (f" It leaves {who_phrase(f, rs, sample.get('group'))} waiting forever in {op_phrase(f, sample)} at "
                  f"{locations_text(f, rs)} ({seconds(w.get('waited_s'))} so far).")
-    also = f.get("also_missing") or []
+    also = f.also_missing or []
     if also:
         described = [r for r in sorted_ranks(also) if str(r) in table]
         text += f" {capitalized(rank_word(also))} {verb_for(also, 'has', 'have')} not entered it either"
         text += f": {_missing_text(f, described)}." if described else "."
-    for x in f.get("failed") or []:
+    for x in f.failed:
         rs = x.get("ranks") or []
         sample = sample_entry(f, rs)
         err = f" ({first_line(x.get('error'))})" if x.get("error") else ""
         text += (f" {capitalized(who_phrase(f, rs, sample.get('group')))} failed in {op_phrase(f, sample)} at "
                  f"{locations_text(f, rs)} because of it{err}.")
-    if not waits and not f.get("failed"):
+    if not waits and not f.failed:
         text += " No rank waits for it yet."
     return text + behind_clause(f)
 
 
-def _duplicate(f: dict) -> str:
-    if f.get("source") == "batches":
+def _duplicate(f: DuplicateData) -> str:
+    if f.source == "batches":
         return _duplicate_batches(f)
-    table = f.get("ranks") or {}
+    table = f.ranks
     rs = sorted_ranks(table)
     sample = sample_entry(f, rs)
-    g = (f.get("group") or {}).get("name")
-    seqs = f.get("seqs") or []
+    g = f.group.get("name")
+    seqs = f.seqs
     span = f" (#{seqs[0]}-#{seqs[-1]})" if len(seqs) > 1 else ""
     return (f"Identical data: {rank_word(rs)} sent byte-identical {shape_text(sample.get('shapes'))} "
             f"{','.join(sample.get('dtypes') or []) or ''} tensors to {sample.get('op')} on {group_phrase(f, g)} at "
-            f"{locations_text(f, rs)} in {f.get('identical_calls')} of the last {f.get('calls')} calls{span}. Ranks that "
+            f"{locations_text(f, rs)} in {f.identical_calls} of the last {f.calls} calls{span}. Ranks that "
             f"split the data normally send different batches. This is no hang: the job goes on, silently training on "
             f"duplicated data.")
 
@@ -253,54 +256,64 @@ def _loader_clause(loader) -> str:
     return f"the DataLoader at {at} has no DistributedSampler (its sampler: {loader.get('sampler') or '?'})"
 
 
-def _duplicate_batches(f: dict) -> str:
+def _duplicate_batches(f: DuplicateData) -> str:
     """What each rank fed its DDP/FSDP model (colltrace/analysis/batches.py)."""
-    rs = sorted_ranks(f.get("ranks") or {})
+    rs = sorted_ranks(f.ranks)
     sample = sample_entry(f, rs)
-    g = (f.get("group") or {}).get("name")
-    loader = f.get("loader")
-    source = (_loader_clause(loader) if isinstance(loader, dict) and loader.get("line")
+    g = f.group.get("name")
+    loader = f.loader
+    source = (_loader_clause(loader) if loader is not None and loader.get("line")
               else f"no DataLoader was seen feeding them; the batches reach the model at {where(sample)}")
-    return (f"{rank_word(rs)} trained on identical batches in {f.get('identical_calls')} of {f.get('calls')} sampled "
-            f"steps: {source}. Their {f.get('model') or 'data-parallel'} model on {group_phrase(f, g)} is called at "
+    return (f"{rank_word(rs)} trained on identical batches in {f.identical_calls} of {f.calls} sampled "
+            f"steps: {source}. Their {f.model or 'data-parallel'} model on {group_phrase(f, g)} is called at "
             f"{where(sample)}; ranks that split the data feed it different batches. This is no hang: the job goes "
             f"on, every one of these ranks repeating the same work.")
 
 
-def summarize(findings: list[dict]) -> list[dict]:
-    """Fill each finding's "advice" and "summary" (its paragraph), in place; returns them."""
+def summarize(findings: list[Finding]) -> list[Finding]:
+    """The findings with their `advice` and `summary` (the paragraph) written: copies, the
+    analyzer's own left as they were."""
+    out = []
     for f in findings:
         try:
-            f["advice"] = advice(f)
+            words = advice(f)
         except Exception as exc:   # never lose a finding over its text
-            f["advice"] = f"(advice unavailable: {type(exc).__name__}: {exc})"
-        f["summary"] = paragraph(f)
-    return findings
+            words = f"(advice unavailable: {type(exc).__name__}: {exc})"
+        said = dataclasses.replace(f, advice=words)
+        said.summary = paragraph(said)   # the paragraph ends with that advice (kinds this version knows)
+        out.append(said)
+    return out
 
 
-def paragraph(finding: dict) -> str:
-    """The one-paragraph human summary of a finding (also its "summary" field)."""
-    kind = finding.get("kind")
-    render = {"mismatch": _mismatch, "deadlock": _deadlock, "stall": _stall, "unmatched_p2p": _unmatched,
-              "dead_rank": _dead_rank, "duplicate_data": _duplicate}.get(str(kind))
-    if render is None:
-        body = finding.get("summary") or (f"{kind}: collective #{finding.get('seq')} on group "
-                                          f"{(finding.get('group') or {}).get('name')}.")
-    else:
-        body = render(finding)
+def paragraph(finding: Finding) -> str:
+    """The one-paragraph human summary of a finding (also its `summary` field)."""
+    if isinstance(finding, Mismatch):
+        body = _mismatch(finding)
+    elif isinstance(finding, Deadlock):
+        body = _deadlock(finding)
+    elif isinstance(finding, Stall):
+        body = _stall(finding)
+    elif isinstance(finding, UnmatchedP2P):
+        body = _unmatched(finding)
+    elif isinstance(finding, DeadRank):
+        body = _dead_rank(finding)
+    elif isinstance(finding, DuplicateData):
+        body = _duplicate(finding)
+    else:   # a kind this version does not know: the summary it came with
+        body = finding.summary or f"{finding.kind}: collective #{finding.seq} on group {finding.group.get('name')}."
     text = advice(finding)
     if text:
         body += " " + text
     return body + _unreadable(finding)
 
 
-def render_same_kind(f: dict) -> str:
+def render_same_kind(f: Finding) -> str:
     """The finding's `same_kind` call sites (colltrace/callsites/samekind.py) as an indented list, or ""."""
-    sites = f.get("same_kind")
-    if not isinstance(sites, list) or not sites:
+    sites = f.same_kind
+    if not sites:
         return ""
-    who = rank_word(f.get("missing_ranks") or [])
-    g = f.get("group") or {}
+    who = rank_word(f.missing_ranks)
+    g = f.group
     lines = [f"\nThe same kind elsewhere: {len(sites)} other call site{'s' if len(sites) != 1 else ''} on group "
              f"{g.get('name')} ({g.get('desc') or 'no description'}) that {who} would not join either, "
              f"most likely next first:"]
@@ -316,19 +329,19 @@ def render_same_kind(f: dict) -> str:
     return "\n".join(lines)
 
 
-def render_report(findings: list[dict]) -> str:
+def render_report(findings: list[Finding]) -> str:
     """Every finding's paragraph and stack classes; "no problems found" when there are none."""
     if not findings:
         return "colltrace: no problems found"
-    number = {f.get("key"): i for i, f in enumerate(findings, 1)}
-    gone = sum(1 for f in findings if f.get("superseded_by"))
+    number = {f.key: i for i, f in enumerate(findings, 1)}
+    gone = sum(1 for f in findings if f.superseded_by)
     n = len(findings) - gone
     out = [f"colltrace: {n} problem{'s' if n != 1 else ''} found"
            + (f" (and {gone} earlier stall{'s' if gone != 1 else ''} that turned into {'them' if n != 1 else 'it'})"
               if gone else "")]
     for i, f in enumerate(findings, 1):
-        if f.get("superseded_by"):
-            out.append(f"[{i}] " + superseded_line(f, number.get(f["superseded_by"])))
+        if f.superseded_by:
+            out.append(f"[{i}] " + superseded_line(f, number.get(f.superseded_by)))
             continue
         block = f"[{i}] " + paragraph(f)
         classes_text = render_stack_classes(f)
@@ -339,23 +352,23 @@ def render_report(findings: list[dict]) -> str:
     return "\n\n".join(out)
 
 
-def superseded_line(f: dict, by: int | None = None) -> str:
+def superseded_line(f: Finding, by: int | None = None) -> str:
     """An earlier stall that turned into something certain: said in one line, not repeated."""
-    ref = f"[{by}] below" if by is not None else str(f.get("superseded_by"))
-    return (f"Superseded by {ref}: the stall reported at {clock(f.get('detected_at'))} "
-            f"({first_line(f.get('summary') or paragraph(f), 120)})")
+    ref = f"[{by}] below" if by is not None else str(f.superseded_by)
+    return (f"Superseded by {ref}: the stall reported at {clock(f.detected_at)} "
+            f"({first_line(f.summary or paragraph(f), 120)})")
 
 
-def supersedes_line(f: dict) -> str:
+def supersedes_line(f: Finding) -> str:
     """The line after a finding that replaces an earlier stall, on the job's stderr."""
-    keys = f.get("supersedes") or []
-    return (f"colltrace: this {f.get('kind')} is what the stall reported earlier ({', '.join(keys)}) turned into; "
+    keys = f.supersedes or []
+    return (f"colltrace: this {f.kind} is what the stall reported earlier ({', '.join(keys)}) turned into; "
             "that stall finding is superseded")
 
 
-def headline(f: dict, limit: int = 400) -> str:
+def headline(f: Finding, limit: int = 400) -> str:
     """A finding's first sentence: what `colltrace run` repeats after the job's own output."""
-    text = str(f.get("summary") or paragraph(f))
+    text = str(f.summary or paragraph(f))
     m = re.search(r"[.!?](\s|$)", text)
     first = text[:m.start() + 1] if m else text
     return first if len(first) <= limit else first[:limit - 1] + "…"
@@ -395,7 +408,7 @@ def render_warnings(warnings: Sequence[dict]) -> str:
     return "\n\n".join(lines)
 
 
-def render_verdict(findings: list[dict], warnings: Sequence[dict] = (), stragglers: Sequence[dict] = ()) -> str:
+def render_verdict(findings: list[Finding], warnings: Sequence[dict] = (), stragglers: Sequence[dict] = ()) -> str:
     """The whole verdict as `colltrace analyze` prints it and report.txt holds it: the culprits
     first; findings that are only work stuck behind them (NCCL queues a whole step behind one
     stuck rank) are counted, not printed (--json lists every one); then any silent desyncs, then
@@ -408,7 +421,7 @@ def render_verdict(findings: list[dict], warnings: Sequence[dict] = (), straggle
         text = render_report(findings)
     else:
         behind = set(verdict["consequences"])
-        shown = [f for f in findings if f.get("key") not in behind]
+        shown = [f for f in findings if f.key not in behind]
         text = paragraph + "\n\n" + render_report(shown)
         if len(shown) < len(findings):
             text += (f"\n\n{len(findings) - len(shown)} more findings are collectives stuck behind the culprits "

@@ -13,6 +13,7 @@ recorded carries each one's arrival lag (`args.lag_ms`, `args.last_to_arrive`), 
 from __future__ import annotations
 
 from colltrace.analysis.stragglers import arrivals
+from colltrace.model.finding import Finding
 from colltrace.model.schema import COMPLETED, FAILED
 
 PENDING = ("waiting", "in_flight", "queued")
@@ -37,7 +38,7 @@ def _name(r: dict) -> str:
     return f"{r.get('op')} #{r.get('seq')}"
 
 
-def build(snap: dict, findings: list[dict], culprits: list[int] | None = None) -> dict:
+def build(snap: dict, findings: list[Finding], culprits: list[int] | None = None) -> dict:
     taken_at = float(snap.get("taken_at") or 0.0)
     ranks = {int(k): v for k, v in (snap.get("ranks") or {}).items() if isinstance(v, dict)}
     times = [float(r["entered_at"]) for e in ranks.values() for r in e.get("records") or ()
@@ -118,13 +119,13 @@ def build(snap: dict, findings: list[dict], culprits: list[int] | None = None) -
         if not tids:   # a rank with no record still gets its track
             events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": 1, "args": {"name": "main"}})
     for i, f in enumerate(findings):
-        t = us(float(f.get("detected_at") or taken_at))
-        name = f"{f.get('kind')}: group {(f.get('group') or {}).get('name')} #{f.get('seq')}"
-        args = {"summary": f.get("summary", ""), "missing_ranks": f.get("missing_ranks", []), "key": f.get("key")}
+        t = us(float(f.detected_at or taken_at))
+        name = f"{f.kind}: group {f.group.get('name')} #{f.seq}"
+        args = {"summary": f.summary, "missing_ranks": f.missing_ranks, "key": f.key}
         events.append({"ph": "i", "s": "g", "name": name, "cat": "finding", "pid": 0, "tid": 0, "ts": t, "args": args})
-        for who in sorted({int(x) for x in (f.get("ranks") or {})} & set(ranks)):
+        for who in sorted({int(x) for x in f.ranks} & set(ranks)):
             events.append({"ph": "i", "s": "p", "name": name, "cat": "finding", "pid": who, "tid": 0, "ts": t,
-                           "args": {"key": f.get("key")}})
+                           "args": {"key": f.key}})
     for who in culprits:
         if who in ranks:
             events.append({"ph": "i", "s": "p", "name": "culprit", "cat": "finding", "pid": who, "tid": 0,

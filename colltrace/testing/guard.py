@@ -12,12 +12,15 @@ dumping every stack, as pytest-timeout does.
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import signal
 import sys
 import threading
 import time
+
+from colltrace.model.finding import Finding
 
 ENV_KEYS = ("COLLTRACE", "COLLTRACE_DIR", "COLLTRACE_WATCHDOG", "COLLTRACE_ON_HANG", "COLLTRACE_STALL_S")
 INTERRUPT_AFTER_S = 3.0     # after ending the ranks: time the test gets to return by itself
@@ -77,7 +80,7 @@ class TestGuard:
         self.poll_s = poll_s
         self.on_hard_exit = on_hard_exit
         self.log = io.StringIO()          # what the watchdog prints, kept for the report
-        self.findings: list[dict] = []
+        self.findings: list[Finding] = []
         self.aborted_at: float | None = None
         self.ended: dict[int, int] = {}   # rank -> pid this guard ended
         self.interrupted = False
@@ -255,7 +258,7 @@ class TestGuard:
                 self.ended[rank] = pid
         from colltrace.words import format_ranks
 
-        kind = self.findings[0].get("kind", "hang") if self.findings else "hang"
+        kind = self.findings[0].kind if self.findings else "hang"
         self.log.write(f"colltrace: {kind}: ended ranks {format_ranks(self.ended) or '(none left)'}\n")
 
     def _end_jobs(self, launchers: bool) -> None:
@@ -352,11 +355,11 @@ def _is_harness(path: str, paths=None) -> bool:
     return path.startswith(stdlib) and not path.startswith(site)
 
 
-def _for_display(finding: dict) -> dict:
+def _for_display(finding: Finding) -> Finding:
     """The finding with harness frames left out of each rank's stacks (the files keep them all)."""
     paths = _harness_paths()
     ranks = {}
-    for r, e in (finding.get("ranks") or {}).items():
+    for r, e in finding.ranks.items():
         if isinstance(e, dict):
             e = dict(e)
             for key in ("frames", "stack"):
@@ -369,7 +372,7 @@ def _for_display(finding: dict) -> dict:
                     kept = [f for f, h in zip(frames, harness) if not h]
                     e[key] = kept or frames
         ranks[r] = e
-    return dict(finding, ranks=ranks)
+    return dataclasses.replace(finding, ranks=ranks)
 
 
 def _dump_and_exit(text: str | None) -> None:

@@ -167,7 +167,7 @@ def run_host(index: int, ranks: int, fan: int, port: int, t0: float, hang_at, st
         job.hang_at = hang_at.value or None
         try:
             for f in wd.step():
-                out.put(("finding", index, f.get("kind"), f.get("key"), sorted(int(r) for r in f.get("ranks") or ())))
+                out.put(("finding", index, f.kind, f.key, sorted(int(r) for r in f.ranks)))
             view = wd.view() if wd.leader else None
             if view is not None:
                 now = time.time()

@@ -137,7 +137,8 @@ def create_app(source, token: str | None = None, allowed_hosts=None, period_s: f
         reading = feed.reading
         if reading is None:
             return JSONResponse({"error": error or "starting"}, status_code=503)
-        return {"findings": reading.findings, "reported": reading.reported, "mode": reading.mode,
+        return {"findings": [f.to_json() for f in reading.findings],
+                "reported": [f.to_json() for f in reading.reported], "mode": reading.mode,
                 "taken_at": reading.now, "error": error}
 
     @app.get("/api/ranks/{rank}", summary="One rank's entry in the snapshot",

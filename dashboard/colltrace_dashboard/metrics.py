@@ -104,10 +104,10 @@ class Metrics:
             self.group_seq.labels(g, "entered").set(entered)
             self.group_seq.labels(g, "completed").set(completed)
         for f in list(reading.findings) + list(reading.reported):
-            key = str(f.get("key") or f.get("summary") or "")
+            key = str(f.key or f.summary or "")
             if key and key not in self._findings:
                 self._findings.add(key)
-                self.findings.labels(str(f.get("kind") or "unknown")).inc()
+                self.findings.labels(str(f.kind or "unknown")).inc()
         self.hang.set(1 if reading.findings else 0)
         self.snapshot_time.set(reading.now)
 

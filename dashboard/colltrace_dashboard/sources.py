@@ -23,6 +23,7 @@ from colltrace.host import storelink
 from colltrace.tracefile import reader
 from colltrace.model import build
 from colltrace.model.build import merge
+from colltrace.model.finding import Finding
 from colltrace.errors import InputError
 
 LIVE, POST_MORTEM = "live", "post-mortem"
@@ -36,14 +37,14 @@ class SourceError(InputError):
 @dataclass
 class Reading:
     snap: dict
-    findings: list[dict]                                 # the analysis of this snapshot
+    findings: list[Finding]                              # the analysis of this snapshot
     now: float                                           # the time the snapshot describes
     mode: str = LIVE                                     # live | post-mortem
-    reported: list[dict] = field(default_factory=list)   # what the watchdog has reported so far
+    reported: list[Finding] = field(default_factory=list)   # what the watchdog has reported so far
     note: str | None = None                              # shown beside the data (e.g. the store is gone)
 
 
-def _read_jsonl(path: str) -> list[dict]:
+def _read_jsonl(path: str) -> list[Finding]:
     """findings.jsonl as the watchdog wrote it; a torn last line (being written) is skipped."""
     out = []
     try:
@@ -54,14 +55,14 @@ def _read_jsonl(path: str) -> list[dict]:
                 except ValueError:
                     continue
                 if isinstance(obj, dict):
-                    out.append(obj)
+                    out.append(Finding.from_json(obj))
     except OSError:
         pass
     # the file is append-only: a stall that turned into a deadlock is marked by the later line
-    by = {k: f.get("key") for f in out if isinstance(f.get("supersedes"), list) for k in f["supersedes"]}
+    by = {k: f.key for f in out if isinstance(f.supersedes, list) for k in f.supersedes}
     for f in out:
-        if f.get("key") in by:
-            f["superseded_by"] = by[f["key"]]
+        if f.key in by:
+            f.superseded_by = by[f.key]
     return out
 
 

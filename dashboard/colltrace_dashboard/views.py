@@ -14,6 +14,7 @@ from collections import Counter
 from colltrace.reporters import phrases, stacks, text as report
 from colltrace.reporters.locations import located
 from colltrace.words import format_ranks, frame_text, short_ranks
+from colltrace.model.finding import Finding
 from colltrace.model.schema import UNREADABLE, WAITING
 
 MAX_RANK_CLASSES = 40      # rows of the rank view; the rest are counted
@@ -52,7 +53,7 @@ def _int_ranks(table: dict) -> list[tuple[int, dict]]:
 
 
 # -- findings -----------------------------------------------------------------------------------
-def _stack_classes(finding: dict) -> tuple[list[dict], str | None]:
+def _stack_classes(finding: Finding) -> tuple[list[dict], str | None]:
     """The finding's stack classes, from the reporter's data (the CLI's text is rendered from
     the same rows): [{"ranks", "stack"}], and the "N more classes" note."""
     rows, more = stacks.stack_classes(finding)
@@ -60,24 +61,25 @@ def _stack_classes(finding: dict) -> tuple[list[dict], str | None]:
     return [{"ranks": row["ranks_text"], "stack": row["stack"]} for row in rows], note
 
 
-def finding_view(finding: dict) -> dict:
+def finding_view(finding: Finding) -> dict:
     try:
         text = report.paragraph(finding)
-        if finding.get("superseded_by"):   # a stall that turned into something certain
+        if finding.superseded_by:   # a stall that turned into something certain
             text = report.superseded_line(finding) + " " + text
     except Exception:  # a finding written by another version: its own summary still says it
-        text = str(finding.get("summary") or finding.get("kind") or "finding")
+        text = str(finding.summary or finding.kind or "finding")
     try:
         stacks, more = _stack_classes(finding)
     except Exception:
         stacks, more = [], None
-    group = finding.get("group") if isinstance(finding.get("group"), dict) else {}
-    missing = finding.get("missing_ranks") if isinstance(finding.get("missing_ranks"), list) else []
-    return {"kind": str(finding.get("kind") or "finding"), "key": str(finding.get("key") or text[:80]),
-            "detected_at": _num(finding.get("detected_at")), "group": group.get("name"), "seq": finding.get("seq"),
+    # Read from findings.jsonl or the store, a finding of another version may hold anything here.
+    group = finding.group if isinstance(finding.group, dict) else {}
+    missing = finding.missing_ranks if isinstance(finding.missing_ranks, list) else []
+    return {"kind": str(finding.kind or "finding"), "key": str(finding.key or text[:80]),
+            "detected_at": _num(finding.detected_at), "group": group.get("name"), "seq": finding.seq,
             "missing_ranks": format_ranks(missing) if all(isinstance(r, int) for r in missing) else "",
             "paragraph": text, "stacks": stacks, "more_stacks": more,
-            "look_first": finding.get("look_first") if isinstance(finding.get("look_first"), dict) else None}
+            "look_first": finding.look_first if isinstance(finding.look_first, dict) else None}
 
 
 # -- ranks ----------------------------------------------------------------------------------------
@@ -273,8 +275,8 @@ def straggler_view(late) -> dict:
 def build(reading, source, late=None) -> dict:
     snap, now = reading.snap, reading.now
     findings = [finding_view(f) for f in reading.findings]
-    current = {f.get("key") for f in reading.findings}
-    earlier = [finding_view(f) for f in reading.reported if isinstance(f, dict) and f.get("key") not in current]
+    current = {f.key for f in reading.findings}
+    earlier = [finding_view(f) for f in reading.reported if f.key not in current]
     n = len(findings)
     ranks = rank_view(snap, now)
     if n:

@@ -39,7 +39,7 @@ def test_serves_the_watchdogs_own_rounds(copy_of):
         view = httpx.get(url + "api/view", timeout=10).json()
         assert view["source"]["kind"] == "watchdog"
         findings = w.view().findings
-        assert [f["key"] for f in view["findings"]] == [f["key"] for f in findings] and findings
+        assert [f["key"] for f in view["findings"]] == [f.key for f in findings] and findings
         assert sorted(r["ranks"] for r in view["ranks"]["classes"]) == ["0-2", "3"]
     finally:
         if w.dashboard:
@@ -55,7 +55,7 @@ def test_a_port_in_use_is_one_warning_and_the_watchdog_goes_on(copy_of):
         assert eventually(lambda: "no dashboard" in stream.getvalue())
     warnings = [line for line in stream.getvalue().splitlines() if "dashboard" in line]
     assert len(warnings) == 1 and warnings[0].startswith("colltrace: warning: no dashboard: cannot listen on")
-    assert w.dashboard is False and any(f["kind"] == "deadlock" for f in w.findings)
+    assert w.dashboard is False and any(f.kind == "deadlock" for f in w.findings)
 
 
 def test_without_a_token_it_does_not_serve_the_network(copy_of):
@@ -70,16 +70,16 @@ def test_subscribers_get_each_round_and_a_failing_one_never_stops_the_watchdog(c
     """What embedders use instead of the watchdog's internals: view(), subscribe(), processes()."""
     w, stream = watchdog(copy_of("deadlock"), None)
     rounds = []
-    w.subscribe(lambda view, new: rounds.append((view, [f["key"] for f in new])))
+    w.subscribe(lambda view, new: rounds.append((view, [f.key for f in new])))
     w.subscribe(lambda view, new: 1 / 0)
     assert w.view() is None
     w.step()
     w.step()
     assert len(rounds) == 2
     (first, new1), (second, new2) = rounds
-    assert new1 and new1 == [f["key"] for f in first.reported]   # the deadlock, new in the first round
-    assert any(f["kind"] == "deadlock" for f in first.findings) and first.snapshot["ranks"]
-    assert new2 == [] and [f["key"] for f in second.reported] == new1   # reported once
+    assert new1 and new1 == [f.key for f in first.reported]   # the deadlock, new in the first round
+    assert any(f.kind == "deadlock" for f in first.findings) and first.snapshot["ranks"]
+    assert new2 == [] and [f.key for f in second.reported] == new1   # reported once
     assert w.view() is second
     assert stream.getvalue().count("colltrace: watchdog subscriber failed (continuing): ZeroDivisionError") == 2
     assert sorted(p.rank for p in w.processes()) == [0, 1, 2, 3] and all(p.pid for p in w.processes())

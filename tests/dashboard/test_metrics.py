@@ -6,6 +6,7 @@ from collections import Counter
 
 from fastapi.testclient import TestClient
 
+from colltrace.model.finding import Stall
 from colltrace.tracefile import reader
 from colltrace_dashboard.app import create_app
 from colltrace_dashboard.feed import Feed
@@ -55,7 +56,7 @@ def test_counters_count_each_record_and_finding_once():
     later = copy.deepcopy(snap)
     for e in later["ranks"].values():
         e["records"] = e["records"][20:]                  # later: the oldest 20 left the window
-    finding = {"kind": "stall", "key": "stall:0:7"}
+    finding = Stall(key="stall:0:7")
     feed = Feed(StaticSource(_reading(first, [finding]), _reading(later, [finding]), _reading(later)))
     for _ in range(4):
         feed.refresh()

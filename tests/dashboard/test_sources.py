@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from colltrace.model.finding import Stall
 from colltrace.host import storelink
 from colltrace_dashboard.sources import SourceError, StoreSource
 from helpers.dashboard import synthetic_snapshot
@@ -23,7 +24,7 @@ def publish(port: int, t: float) -> None:
     snap = synthetic_snapshot(8)
     link = storelink.StoreLink("127.0.0.1", port)
     link.publish_node({"host": "node0", "t": t, "groups": snap["groups"], "ranks": snap["ranks"]}, confirm=True)
-    link.publish_findings([{"kind": "stall", "key": "stall:0:1", "summary": "reported by the leader"}])
+    link.publish_findings([Stall(key="stall:0:1", summary="reported by the leader")])
 
 
 def test_empty_store_then_a_jobs_state(store):
@@ -34,8 +35,8 @@ def test_empty_store_then_a_jobs_state(store):
     reading = source.read()
     assert reading.mode == "live" and reading.note is None
     assert sorted(map(int, reading.snap["ranks"])) == list(range(8))
-    assert [f["kind"] for f in reading.findings] == ["stall"]         # analyzed here, from the summaries
-    assert [f["summary"] for f in reading.reported] == ["reported by the leader"]
+    assert [f.kind for f in reading.findings] == ["stall"]         # analyzed here, from the summaries
+    assert [f.summary for f in reading.reported] == ["reported by the leader"]
 
 
 def test_watchdogs_that_stopped_publishing_are_noted(store):

@@ -13,6 +13,7 @@ import pytest
 
 from colltrace import analysis, origins
 from colltrace.analysis import HANG_KINDS
+from colltrace.model.finding import Finding
 from colltrace.reporters.text import render_report, summarize
 from colltrace.reporters import locations, stacks, text as report_mod
 from colltrace.words import format_ranks
@@ -112,27 +113,27 @@ def seed_story(rank7_state="waiting") -> Job:
 
 
 def only(findings, kind=None):
-    assert len(findings) == 1, [f["key"] for f in findings]
+    assert len(findings) == 1, [f.key for f in findings]
     if kind:
-        assert findings[0]["kind"] == kind, findings[0]["summary"]
+        assert findings[0].kind == kind, findings[0].summary
     return findings[0]
 
 
 # -- deadlock -------------------------------------------------------------------------------
 def test_seed_story_is_a_deadlock_across_groups_naming_every_rank_and_line():
     f = only(analyze(seed_story().snap(), STALL, T + 2), "deadlock")
-    assert f["group"]["name"] == "0" and f["group"]["desc"] == "default_pg" and f["seq"] == 5
-    assert f["missing_ranks"] == [7]
-    assert sorted(int(r) for r in f["ranks"]) == list(range(8))
-    assert f["ranks"]["3"]["op"] == "barrier" and f["ranks"]["7"]["op"] == "gather"
-    assert {c["group"] for c in f["cycle"]} == {"0", "2"}
-    s = f["summary"]
+    assert f.group["name"] == "0" and f.group["desc"] == "default_pg" and f.seq == 5
+    assert f.missing_ranks == [7]
+    assert sorted(int(r) for r in f.ranks) == list(range(8))
+    assert f.ranks["3"]["op"] == "barrier" and f.ranks["7"]["op"] == "gather"
+    assert {c["group"] for c in f.cycle} == {"0", "2"}
+    s = f.summary
     assert s.startswith("Deadlock")
     for needle in ("ranks 0-6", "rank 7", "barrier #5", "gather #12", "checkpoint.py:302 (save)",
                    "distill.py:88 (serve_teacher)", "default_pg", "teacher"):
         assert needle in s, (needle, s)
-    assert "checkpoint.py:302" in f["advice"]
-    assert f["detected_at"] == T + 2 and f["key"]
+    assert "checkpoint.py:302" in f.advice
+    assert f.detected_at == T + 2 and f.key
 
 
 def test_deadlock_needs_no_threshold_but_a_call_just_entered_does_not_close_a_cycle():
@@ -146,7 +147,7 @@ def test_rank_in_async_work_closes_the_cycle_only_once_idle_for_stall_s():
     job = seed_story(rank7_state="in_flight")   # NCCL: the gather returned, rank 7 then blocks in a sync
     assert analyze(job.snap(), STALL, T + 5) == []          # it might still come: nothing claimed
     f = only(analyze(job.snap(), STALL, T + 40), "deadlock")
-    assert f["missing_ranks"] == [7]
+    assert f.missing_ranks == [7]
 
 
 def test_deadlock_points_first_at_the_odd_call_not_at_routine_traffic():
@@ -165,14 +166,14 @@ def test_deadlock_points_first_at_the_odd_call_not_at_routine_traffic():
     job.entries[3]["records"] = [r for r in job.entries[3]["records"] if not (r["seq"] == 21 and r["state"] == "completed")]
     job.entries[3]["progress"]["2"]["completed"] = 20
     f = only(analyze(job.snap(), STALL, T + 2), "deadlock")
-    assert f["cycle"][0]["op"] == "barrier" and f["cycle"][0]["waiting"] == [0] and f["group"]["name"] == "1"
-    assert f["summary"].startswith("Deadlock across groups 1 and 2: rank 0 waits in barrier #6")
-    assert "Look first at checkpoint.py:36 (make_dir)" in f["advice"]
+    assert f.cycle[0]["op"] == "barrier" and f.cycle[0]["waiting"] == [0] and f.group["name"] == "1"
+    assert f.summary.startswith("Deadlock across groups 1 and 2: rank 0 waits in barrier #6")
+    assert "Look first at checkpoint.py:36 (make_dir)" in f.advice
 
 
 def test_deadlock_is_reported_once_not_also_as_stalls():
     f = analyze(seed_story().snap(), STALL, T + 300)
-    assert [x["kind"] for x in f] == ["deadlock"]
+    assert [x.kind for x in f] == ["deadlock"]
 
 
 def test_p2p_cycle_both_ranks_receive_first():
@@ -181,8 +182,8 @@ def test_p2p_cycle_both_ranks_receive_first():
     job.op(0, "0", 1, "recv", "waiting", at="pipe.py:40", func="recv_act", p2p=True, peer=1, t=T)
     job.op(1, "0", 1, "recv", "waiting", at="pipe.py:40", func="recv_act", p2p=True, peer=0, t=T)
     f = only(analyze(job.snap(), STALL, T + 5), "deadlock")
-    assert sorted(f["ranks"]) == ["0", "1"]
-    assert "pipe.py:40" in f["summary"] and all(c["p2p"] for c in f["cycle"])
+    assert sorted(f.ranks) == ["0", "1"]
+    assert "pipe.py:40" in f.summary and all(c["p2p"] for c in f.cycle)
 
 
 def test_ranks_killed_while_deadlocked_still_show_the_deadlock_post_mortem():
@@ -190,7 +191,7 @@ def test_ranks_killed_while_deadlocked_still_show_the_deadlock_post_mortem():
     job = seed_story()
     for r in range(8):
         job.set(r, status="dead", exit={"signal": None, "note": "gone without a trace"}, died_at=T + 40)
-    kinds = [f["kind"] for f in analyze(job.snap(), STALL, T + 41)]
+    kinds = [f.kind for f in analyze(job.snap(), STALL, T + 41)]
     assert kinds == ["deadlock"]
 
 
@@ -201,11 +202,11 @@ def test_mismatched_ops_at_the_same_number_are_reported_at_once_with_both_sides(
     job.op([0, 1, 2], "0", 3, "all_reduce", "waiting", at="train.py:250", func="step", t=T)
     job.op(3, "0", 3, "broadcast", "waiting", at="eval.py:77", func="sync_eval", t=T, root=3)
     f = only(analyze(job.snap(), STALL, T + 0.01), "mismatch")
-    assert f["group"]["name"] == "0" and f["seq"] == 3 and "op" in f["differs"]
-    by_op = {c["op"]: c["ranks"] for c in f["classes"]}
+    assert f.group["name"] == "0" and f.seq == 3 and "op" in f.differs
+    by_op = {c["op"]: c["ranks"] for c in f.classes}
     assert by_op == {"all_reduce": [0, 1, 2], "broadcast": [3]}
-    assert "train.py:250" in f["summary"] and "eval.py:77" in f["summary"] and "ranks 0-2" in f["summary"]
-    assert "eval.py:77" in f["advice"]   # the odd one out
+    assert "train.py:250" in f.summary and "eval.py:77" in f.summary and "ranks 0-2" in f.summary
+    assert "eval.py:77" in f.advice   # the odd one out
 
 
 def test_mismatched_shapes_dtypes_and_reduce_op():
@@ -213,8 +214,8 @@ def test_mismatched_shapes_dtypes_and_reduce_op():
     job.op([0, 1], "0", 1, "all_reduce", "waiting", t=T, shapes=[(4, 8)], dtypes=["float32"], reduce_op="SUM")
     job.op(2, "0", 1, "all_reduce", "waiting", t=T, shapes=[(4, 9)], dtypes=["bfloat16"], reduce_op="MAX")
     f = only(analyze(job.snap(), STALL, T + 1), "mismatch")
-    assert f["differs"] == ["shapes", "dtypes", "reduce_op"]
-    assert "4x9" in f["summary"] and "bfloat16" in f["summary"] and "MAX" in f["summary"]
+    assert f.differs == ["shapes", "dtypes", "reduce_op"]
+    assert "4x9" in f.summary and "bfloat16" in f.summary and "MAX" in f.summary
 
 
 def test_a_collective_entered_untraced_is_compared_by_what_the_flight_recorder_says():
@@ -229,11 +230,11 @@ def test_a_collective_entered_untraced_is_compared_by_what_the_flight_recorder_s
                            "shapes": [[20]], "dtypes": ["float32"], "t": T - 0.1}])
         job.entries[r]["progress"]["0"]["entered"] = 6
     f = only(analyze(job.snap(), STALL, T + 1.5), "mismatch")
-    assert f["seq"] == 6 and f["differs"] == ["op"] and f["missing_ranks"] == []
-    assert [(c["ranks"], c["op"], c.get("untraced", False)) for c in f["classes"]] == [
+    assert f.seq == 6 and f.differs == ["op"] and f.missing_ranks == []
+    assert [(c["ranks"], c["op"], c.get("untraced", False)) for c in f.classes] == [
         ([0, 1, 2], "all_reduce", True), ([3], "barrier", False)]
-    assert "train.py:80 (step)" in f["summary"] and "Flight Recorder" in f["summary"]
-    assert "Look first at train.py:81 (save)" in f["advice"]
+    assert "train.py:80 (step)" in f.summary and "Flight Recorder" in f.summary
+    assert "Look first at train.py:81 (save)" in f.advice
 
 
 def test_same_backend_op_under_different_api_names_is_no_mismatch():
@@ -264,7 +265,7 @@ def test_mismatch_takes_priority_over_the_stall_it_causes():
     job = Job(2)
     job.op(0, "0", 1, "all_reduce", "waiting", t=T)
     job.op(1, "0", 1, "barrier", "waiting", t=T)
-    assert [f["kind"] for f in analyze(job.snap(), STALL, T + 100)] == ["mismatch"]
+    assert [f.kind for f in analyze(job.snap(), STALL, T + 100)] == ["mismatch"]
 
 
 # -- stall --------------------------------------------------------------------------------------
@@ -274,13 +275,13 @@ def test_stall_names_the_missing_rank_and_where_its_live_stack_is():
     job.op([0, 1, 2], "0", 7, "all_reduce", "waiting", at="train.py:250", func="sync_metrics", t=T)
     job.set(3, stack=frames("data.py:55", "load_batch")[:2], stack_at=T + 39)
     f = only(analyze(job.snap(), STALL, T + 40), "stall")
-    assert f["key"] == "stall:0:7" and f["stage"] == "arrival"
-    assert f["group"]["name"] == "0" and f["seq"] == 7 and f["missing_ranks"] == [3]
-    assert f["ranks"]["3"]["state"] == "not_in_collective"
+    assert f.key == "stall:0:7" and f.stage == "arrival"
+    assert f.group["name"] == "0" and f.seq == 7 and f.missing_ranks == [3]
+    assert f.ranks["3"]["state"] == "not_in_collective"
     for needle in ("ranks 0-2", "all_reduce #7", "train.py:250 (sync_metrics)", "rank 3", "data.py:55 (load_batch)",
                    "40.0 s"):
-        assert needle in f["summary"], (needle, f["summary"])
-    assert "data.py:55" in f["advice"]
+        assert needle in f.summary, (needle, f.summary)
+    assert "data.py:55" in f.advice
 
 
 def test_stall_says_when_no_stack_is_available():
@@ -288,8 +289,8 @@ def test_stall_says_when_no_stack_is_available():
     job.history("0", 1)
     job.op(0, "0", 2, "barrier", "waiting", at="train.py:30", t=T)
     f = only(analyze(job.snap(), STALL, T + 31), "stall")
-    assert "no live stack" in f["summary"]
-    assert f["ranks"]["1"]["last"]["op"] == "all_reduce"
+    assert "no live stack" in f.summary
+    assert f.ranks["1"]["last"]["op"] == "all_reduce"
 
 
 def test_stall_reports_a_missing_rank_pending_elsewhere():
@@ -299,9 +300,9 @@ def test_stall_reports_a_missing_rank_pending_elsewhere():
     job.op([0, 1, 2], "1", 3, "all_reduce", "waiting", at="train.py:250", t=T)
     job.op(3, "5", 1, "broadcast", "waiting", at="pipe.py:12", func="stage", t=T + 35, root=4)
     f = only(analyze(job.snap(), STALL, T + 40), "stall")
-    assert f["group"]["name"] == "1" and f["missing_ranks"] == [3]
-    assert "broadcast #1 on group 5" in f["summary"] and "pipe.py:12 (stage)" in f["summary"]
-    assert "waiting for rank 4" in f["summary"]
+    assert f.group["name"] == "1" and f.missing_ranks == [3]
+    assert "broadcast #1 on group 5" in f.summary and "pipe.py:12 (stage)" in f.summary
+    assert "waiting for rank 4" in f.summary
 
 
 def test_chain_of_waits_is_one_finding_where_it_starts():
@@ -311,9 +312,9 @@ def test_chain_of_waits_is_one_finding_where_it_starts():
     job.op(2, "7", 1, "all_reduce", "waiting", at="b.py:2", t=T - 10)
     job.set(3, stack=frames("c.py:3", "busy")[:2])
     f = only(analyze(job.snap(), STALL, T + 60), "stall")
-    assert f["group"]["name"] == "7" and f["missing_ranks"] == [3]
-    assert f["behind"] == [0, 1]
-    assert "c.py:3" in f["summary"] and "stuck behind" in f["summary"]
+    assert f.group["name"] == "7" and f.missing_ranks == [3]
+    assert f.behind == [0, 1]
+    assert "c.py:3" in f.summary and "stuck behind" in f.summary
 
 
 def test_completion_stall_when_everyone_entered_and_nothing_completes():
@@ -321,8 +322,8 @@ def test_completion_stall_when_everyone_entered_and_nothing_completes():
     job.history("0", 2)
     job.op(range(4), "0", 3, "all_reduce", "in_flight", at="train.py:99", t=T)
     f = only(analyze(job.snap(), STALL, T + 45), "stall")
-    assert f["stage"] == "completion" and f["missing_ranks"] == [] and f["seq"] == 3
-    assert "hung" in f["summary"] and "train.py:99" in f["summary"]
+    assert f.stage == "completion" and f.missing_ranks == [] and f.seq == 3
+    assert "hung" in f.summary and "train.py:99" in f.summary
 
 
 def test_a_late_arrival_that_completed_does_not_make_the_others_look_hung():
@@ -335,7 +336,7 @@ def test_a_late_arrival_that_completed_does_not_make_the_others_look_hung():
     job.op(1, "0", 2, "barrier", "completed", at="train.py:63", t=T + 40)
     assert analyze(job.snap(), STALL, T + 40.2) == []
     f = only(analyze(job.snap(), STALL, T + 40 + STALL + 1), "stall")
-    assert f["stage"] == "completion" and f["waited_s"] == pytest.approx(STALL + 1)
+    assert f.stage == "completion" and f.waited_s == pytest.approx(STALL + 1)
 
 
 def test_async_ops_stuck_behind_a_stall_join_it_instead_of_one_finding_each():
@@ -347,7 +348,7 @@ def test_async_ops_stuck_behind_a_stall_join_it_instead_of_one_finding_each():
     job.op([0, 1, 2], "0", 1, "all_reduce", "waiting", at="train.py:250", t=T)
     job.set(3, stack=frames("data.py:55")[:2])
     f = only(analyze(job.snap(), STALL, T + 40), "stall")
-    assert f["group"]["name"] == "0" and f["missing_ranks"] == [3]
+    assert f.group["name"] == "0" and f.missing_ranks == [3]
 
 
 # -- no false alarms ----------------------------------------------------------------------------
@@ -388,11 +389,11 @@ def test_dead_rank_that_others_wait_for():
     job.set(3, status="dead", exit={"signal": "SIGSEGV", "code": -11}, died_at=T - 1,
             stack=frames("kernels.py:41", "fused_op")[:2])
     f = only(analyze(job.snap(), STALL, T + 2), "dead_rank")   # no threshold
-    assert f["rank"] == 3 and f["missing_ranks"] == [3] and f["group"]["name"] == "0" and f["seq"] == 7
-    assert f["last_collective"]["seq"] == 6
-    assert f["waiting"][0]["ranks"] == [0, 1, 2]
+    assert f.rank == 3 and f.missing_ranks == [3] and f.group["name"] == "0" and f.seq == 7
+    assert f.last_collective["seq"] == 6
+    assert f.waiting[0]["ranks"] == [0, 1, 2]
     for needle in ("SIGSEGV", "kernels.py:41 (fused_op)", "ranks 0-2", "all_reduce #7"):
-        assert needle in f["summary"], (needle, f["summary"])
+        assert needle in f.summary, (needle, f.summary)
 
 
 def test_crashed_rank_nobody_waits_for_yet_and_clean_exit_is_nothing():
@@ -402,8 +403,8 @@ def test_crashed_rank_nobody_waits_for_yet_and_clean_exit_is_nothing():
     job.set(1, status="dead", exit={"signal": "SIGSEGV", "code": -11}, died_at=T + 1)
     job.set(2, status="exited", exit={"code": 0})
     f = only(analyze(job.snap(), STALL, T + 100), "dead_rank")
-    assert f["rank"] == 1 and f["missing_ranks"] == []
-    assert f["last_collective"]["op"] == "barrier" and "die.py:21" in f["summary"]
+    assert f.rank == 1 and f.missing_ranks == []
+    assert f.last_collective["op"] == "barrier" and "die.py:21" in f.summary
 
 
 def test_a_crash_nobody_waits_for_yet_is_named_once_its_consequences_can_show():
@@ -415,11 +416,11 @@ def test_a_crash_nobody_waits_for_yet_is_named_once_its_consequences_can_show():
     job.set(1, status="dead", exit={"signal": "SIGSEGV", "code": -11}, died_at=T + 1)
     assert analyze(job.snap(), STALL, T + 1.001) == []
     f = only(analyze(job.snap(), STALL, T + 1.4), "dead_rank")
-    assert f["rank"] == 1 and "SIGSEGV" in f["summary"]
+    assert f.rank == 1 and "SIGSEGV" in f.summary
     # the launcher ended the others at once (or the files are read after the job): nothing left to wait for
     job.set(0, status="dead", exit={"signal": None, "note": "gone without a trace"}, died_at=T + 1.001)
     f = only(analyze(job.snap(), STALL, T + 1.001), "dead_rank")
-    assert f["rank"] == 1 and "SIGSEGV" in f["summary"]
+    assert f.rank == 1 and "SIGSEGV" in f.summary
 
 
 def test_rank_that_exited_while_others_wait_for_it():
@@ -428,7 +429,7 @@ def test_rank_that_exited_while_others_wait_for_it():
     job.op(0, "0", 4, "all_reduce", "waiting", at="train.py:5", t=T)
     job.set(1, status="exited", exit={"code": 1, "exception": "ValueError: bad batch"})
     f = only(analyze(job.snap(), STALL, T + 1), "dead_rank")
-    assert f["rank"] == 1 and "ValueError: bad batch" in f["summary"] and "rank 0" in f["summary"]
+    assert f.rank == 1 and "ValueError: bad batch" in f.summary and "rank 0" in f.summary
 
 
 def test_a_peers_exception_beside_a_segfault_is_its_consequence():
@@ -441,7 +442,7 @@ def test_a_peers_exception_beside_a_segfault_is_its_consequence():
     job.set(1, status="dead", exit={"signal": "SIGSEGV", "code": -11}, died_at=T + 0.2)
     job.set(0, status="exited", exit={"code": 1, "exception": "RuntimeError: Connection closed by peer"})
     f = only(analyze(job.snap(), STALL, T + 1), "dead_rank")
-    assert f["rank"] == 1 and "SIGSEGV" in f["summary"]
+    assert f.rank == 1 and "SIGSEGV" in f.summary
 
 
 def test_rank_killed_alone_while_the_job_lives_is_a_dead_rank_at_once():
@@ -452,7 +453,7 @@ def test_rank_killed_alone_while_the_job_lives_is_a_dead_rank_at_once():
     job.set(1, status="dead", exit={"signal": None, "note": "gone without a trace"}, died_at=T + 0.3)
     for now in (T + 1, T + 100):
         f = only(analyze(job.snap(), STALL, now), "dead_rank")
-        assert f["rank"] == 1 and "vanished" in f["summary"] and "die.py:21" in f["summary"]
+        assert f.rank == 1 and "vanished" in f.summary and "die.py:21" in f.summary
 
 
 def test_job_killed_as_a_whole_is_no_finding():
@@ -473,8 +474,8 @@ def test_teardown_after_one_rank_failed_blames_only_that_rank():
     for r in range(3):   # torchrun ends the others right after
         job.set(r, status="dead", exit={"signal": None, "note": "gone"}, died_at=T + 5.5)
     f = only(analyze(job.snap(), STALL, T + 6), "dead_rank")
-    assert f["rank"] == 3 and f["waiting"][0]["ranks"] == [0, 1, 2]
-    assert "CUDA out of memory" in f["summary"] and "train.py:250" in f["summary"]
+    assert f.rank == 3 and f.waiting[0]["ranks"] == [0, 1, 2]
+    assert "CUDA out of memory" in f.summary and "train.py:250" in f.summary
 
 
 def test_ranks_whose_collective_failed_because_a_rank_died_are_named_with_the_error():
@@ -490,12 +491,12 @@ def test_ranks_whose_collective_failed_because_a_rank_died_are_named_with_the_er
     job.set(2, status="dead", exit={"signal": "SIGSEGV", "code": -11}, died_at=T + 0.3,
             stack=frames("kernels.py:41", "fused_op")[:2])
     f = only(analyze(job.snap(), STALL, T + 1), "dead_rank")
-    assert f["rank"] == 2 and f["missing_ranks"] == [2] and (f["group"]["name"], f["seq"]) == ("0", 3)
-    assert {r: (e["op"], e["seq"]) for r, e in f["ranks"].items() if r != "2"} == {
+    assert f.rank == 2 and f.missing_ranks == [2] and (f.group["name"], f.seq) == ("0", 3)
+    assert {r: (e["op"], e["seq"]) for r, e in f.ranks.items() if r != "2"} == {
         "0": ("all_reduce", 3), "1": ("all_reduce", 3), "3": ("all_reduce", 3)}
-    assert f["failed"] == [{"group": "0", "seq": 3, "op": "all_reduce", "p2p": False, "missing": True,
-                            "ranks": [1, 3], "error": f["ranks"]["1"]["error"]}]
-    text = f["summary"]
+    assert f.failed == [{"group": "0", "seq": 3, "op": "all_reduce", "p2p": False, "missing": True,
+                            "ranks": [1, 3], "error": f.ranks["1"]["error"]}]
+    text = f.summary
     assert "rank 0 waiting" in text and "Ranks 1,3 failed in all_reduce #3" in text
     assert "Connection closed by peer [10.0.0.2]:6566" in text and "pair.cc" not in text
 
@@ -508,9 +509,9 @@ def test_dead_rank_finding_says_where_the_other_absent_members_are():
     for r in (0, 2):
         job.set(r, stack=frames("train.py:158", "train")[:2], stack_at=T + 0.5)
     f = only(analyze(job.snap(), STALL, T + 1), "dead_rank")
-    assert f["rank"] == 1 and f["also_missing"] == [0, 2]
-    assert f["ranks"]["0"]["state"] == "not_in_collective" and "train.py:158" in f["summary"]
-    assert "Ranks 0,2 have not entered it either" in f["summary"]
+    assert f.rank == 1 and f.also_missing == [0, 2]
+    assert f.ranks["0"]["state"] == "not_in_collective" and "train.py:158" in f.summary
+    assert "Ranks 0,2 have not entered it either" in f.summary
 
 
 def test_a_rank_that_died_inside_a_collective_is_what_the_others_wait_for():
@@ -521,8 +522,8 @@ def test_a_rank_that_died_inside_a_collective_is_what_the_others_wait_for():
     job.op([0, 1], "0", 4, "all_reduce", "waiting", at="train.py:80", t=T)
     job.set(1, status="dead", exit={"signal": "SIGABRT", "code": -6}, died_at=T + 0.2)
     f = only(analyze(job.snap(), STALL, T + 1), "dead_rank")
-    assert f["rank"] == 1 and f["missing_ranks"] == [] and f["waiting"][0]["ranks"] == [0]
-    assert "it died inside it" in f["summary"] and "rank 0 waiting forever" in f["summary"]
+    assert f.rank == 1 and f.missing_ranks == [] and f.waiting[0]["ranks"] == [0]
+    assert "it died inside it" in f.summary and "rank 0 waiting forever" in f.summary
 
 
 def digested_gathers(job, digests_by_call, at="train.py:152", shapes=((8, 32),)):
@@ -539,12 +540,12 @@ def digested_gathers(job, digests_by_call, at="train.py:152", shapes=((8, 32),))
 def test_identical_batches_from_every_sender_are_duplicate_data_not_a_hang():
     job = digested_gathers(Job(4, {"2": ("ipc", range(4))}), [{0: "c0ffee", 1: "c0ffee", 2: "c0ffee"}] * 4)
     f = only(analyze(job.snap(), STALL, T + 50), "duplicate_data")
-    assert f["kind"] not in HANG_KINDS
-    assert f["group"]["name"] == "2" and sorted(f["ranks"]) == ["0", "1", "2"] and f["missing_ranks"] == []
-    assert (f["identical_calls"], f["calls"], f["seqs"]) == (4, 4, [1, 2, 3, 4])
+    assert f.kind not in HANG_KINDS
+    assert f.group["name"] == "2" and sorted(f.ranks) == ["0", "1", "2"] and f.missing_ranks == []
+    assert (f.identical_calls, f.calls, f.seqs) == (4, 4, [1, 2, 3, 4])
     for needle in ("ranks 0-2 sent byte-identical 8x32 int64", "gather on group 2 (ipc", "train.py:152",
                    "DistributedSampler"):
-        assert needle in f["summary"], (needle, f["summary"])
+        assert needle in f.summary, (needle, f.summary)
 
 
 @pytest.mark.parametrize("case", ["different", "too_few", "tiny", "one_sender_unseen", "digests_off"])
@@ -573,8 +574,8 @@ def test_unmatched_recv_when_the_peer_never_sends():
     job.op(1, "0", 3, "recv", "waiting", at="pipe.py:40", func="recv_act", p2p=True, peer=0, t=T)
     job.set(0, stack=frames("pipe.py:77", "skip_microbatch")[:2])
     f = only(analyze(job.snap(), STALL, T + 31), "unmatched_p2p")
-    assert f["rank"] == 1 and f["peer"] == 0 and f["posted"] == 2 and f["missing_ranks"] == [0]
-    assert "pipe.py:40" in f["summary"] and "pipe.py:77" in f["summary"]
+    assert f.rank == 1 and f.peer == 0 and f.posted == 2 and f.missing_ranks == [0]
+    assert "pipe.py:40" in f.summary and "pipe.py:77" in f.summary
 
 
 def test_p2p_is_not_claimed_unmatched_when_the_peer_window_is_too_short():
@@ -586,7 +587,7 @@ def test_p2p_is_not_claimed_unmatched_when_the_peer_window_is_too_short():
     for rec in snap["ranks"]["0"]["records"]:
         rec["id"] += 500               # rank 0's older records fell out of the window
     f = only(analyze(snap, STALL, T + 40))
-    assert f["kind"] == "stall" and f["stage"] == "unverified" and f["missing_ranks"] == []
+    assert f.kind == "stall" and f.stage == "unverified" and f.missing_ranks == []
 
 
 def test_matched_p2p_under_way_gives_nothing():
@@ -604,7 +605,7 @@ def test_object_p2p_is_matched_like_p2p_not_counted_as_a_collective():
     assert analyze(job.snap(), STALL, T + 5) == []                   # young: nothing
     job.set(1, stack=frames("serve.py:14", "poll")[:2])
     f = only(analyze(job.snap(), STALL, T + 40), "unmatched_p2p")    # rank 1 never receives it
-    assert f["rank"] == 0 and f["peer"] == 1 and "serve.py:14" in f["summary"]
+    assert f.rank == 0 and f.peer == 1 and "serve.py:14" in f.summary
 
 
 def test_members_absent_from_the_snapshot_are_named_not_guessed():
@@ -614,8 +615,8 @@ def test_members_absent_from_the_snapshot_are_named_not_guessed():
     del snap["ranks"]["2"], snap["ranks"]["3"]      # another host's watchdog has not reported
     assert analyze(snap, STALL, T + 10) == []
     f = only(analyze(snap, STALL, T + 40), "stall")
-    assert f["missing_ranks"] == [] and f["unknown_ranks"] == [2, 3]
-    assert "no trace" in f["summary"]
+    assert f.missing_ranks == [] and f.unknown_ranks == [2, 3]
+    assert "no trace" in f.summary
 
 
 def test_in_flight_record_behind_a_completed_later_number_is_done():
@@ -633,7 +634,7 @@ def test_batch_p2p_exchange_waiting_on_a_peer_that_never_joins():
     job.op(0, "0", 2, "batch_isend_irecv", "in_flight", at="pp.py:61", func="exchange", p2p=True, peer=1, t=T)
     job.set(1, stack=frames("pp.py:90", "last_stage")[:2])
     f = only(analyze(job.snap(), STALL, T + 31), "unmatched_p2p")
-    assert f["rank"] == 0 and f["peer"] == 1 and f["posted"] == 1 and "pp.py:90" in f["summary"]
+    assert f.rank == 0 and f.peer == 1 and f.posted == 1 and "pp.py:90" in f.summary
 
 
 def test_failed_collectives_are_checked_for_mismatches_too():
@@ -642,7 +643,7 @@ def test_failed_collectives_are_checked_for_mismatches_too():
     job.op(0, "0", 1, "all_reduce", "failed", at="train.py:7", shapes=[(10,)])
     job.op(1, "0", 1, "all_reduce", "failed", at="train.py:7", shapes=[(12,)])
     f = only(analyze(job.snap(), STALL, T), "mismatch")
-    assert f["differs"] == ["shapes"] and f["seq"] == 1
+    assert f.differs == ["shapes"] and f.seq == 1
 
 
 def test_untraced_collectives_just_before_a_stall_are_mentioned():
@@ -651,13 +652,13 @@ def test_untraced_collectives_just_before_a_stall_are_mentioned():
     job.op(0, "0", 2, "untraced", seq_end=5, count=4)
     job.op(0, "0", 6, "all_reduce", "waiting", at="train.py:300", t=T)
     f = only(analyze(job.snap(), STALL, T + 31), "stall")
-    assert f["untraced_before"][0]["count"] == 4 and "4 untraced collective" in f["summary"]
+    assert f.untraced_before[0]["count"] == 4 and "4 untraced collective" in f.summary
 
 
 def test_text_of_an_unknown_kind_and_of_a_bare_finding_does_not_fail():
-    assert "weird" in report_mod.paragraph({"kind": "weird", "seq": 3, "group": {"name": "0"}})
-    assert stacks.render_stack_classes({"kind": "stall"}) == ""
-    assert "problem" in render_report([{"kind": "stall", "ranks": {"x": 1}}])
+    assert "weird" in report_mod.paragraph(Finding.from_json({"kind": "weird", "seq": 3, "group": {"name": "0"}}))
+    assert stacks.render_stack_classes(Finding.from_json({"kind": "stall"})) == ""
+    assert "problem" in render_report([Finding.from_json({"kind": "stall", "ranks": {"x": 1}})])
 
 
 # -- robustness ---------------------------------------------------------------------------------
@@ -670,9 +671,9 @@ def test_unreadable_and_malformed_ranks_do_not_stop_the_analysis():
     snap["ranks"]["10"] = "not even a table"
     snap["ranks"]["3"]["records"][-1]["frames"] = [{"no": "file"}, 7]
     f = only(analyze(snap, STALL, T + 2), "deadlock")
-    assert f["unreadable_ranks"] == [8, 9, 10]
-    assert "ring header corrupt" in f["unreadable"]["8"]
-    assert "Could not read ranks 8-10" in f["summary"]
+    assert f.unreadable_ranks == [8, 9, 10]
+    assert "ring header corrupt" in f.unreadable["8"]
+    assert "Could not read ranks 8-10" in f.summary
     render_report([f])
 
 
@@ -684,7 +685,7 @@ def test_missing_record_fields_are_survived():
     snap["groups"]["0"]["ranks"] = None                  # members inferred from the ranks
     snap["ranks"]["2"]["progress"] = {"0": {"entered": "x"}}
     findings = analyze(snap, STALL, T + 60)
-    assert all(f["unreadable_ranks"] == [0] for f in findings)
+    assert all(f.unreadable_ranks == [0] for f in findings)
     render_report(findings)
 
 
@@ -701,24 +702,72 @@ def test_deterministic_whatever_the_order_of_the_input():
     random.Random(4).shuffle(items)
     snap["ranks"] = dict(items)
     b = analyze(snap, STALL, T + 40)
+    a, b = [f.to_json() for f in a], [f.to_json() for f in b]
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
     assert json.loads(json.dumps(a)) == a           # plain JSON data
 
 
+def test_every_kind_the_analyzer_makes_round_trips_through_its_json():
+    """findings.jsonl, `analyze --json` and the store carry to_json(); what is read back with
+    from_json() is the same finding, and gives the same JSON, key order included."""
+    made = []
+    job = Job(4)   # a mismatch
+    job.history("0", 2)
+    job.op([0, 1, 2], "0", 3, "all_reduce", "waiting", at="train.py:250", func="step", t=T)
+    job.op(3, "0", 3, "broadcast", "waiting", at="eval.py:77", func="sync_eval", t=T, root=3)
+    made += analyze(job.snap(), STALL, T + 0.01)
+    made += analyze(seed_story().snap(), STALL, T + 2)   # a deadlock
+    job = Job(4)   # a dead rank
+    job.history("0", 6)
+    job.op([0, 1, 2], "0", 7, "all_reduce", "waiting", at="train.py:250", t=T)
+    job.set(3, status="dead", exit={"signal": "SIGSEGV", "code": -11}, died_at=T - 1,
+            stack=frames("kernels.py:41", "fused_op")[:2])
+    made += analyze(job.snap(), STALL, T + 2)
+    job = Job(4)   # a stall everyone entered
+    job.history("0", 2)
+    job.op(range(4), "0", 3, "all_reduce", "in_flight", at="train.py:99", t=T)
+    made += analyze(job.snap(), STALL, T + 45)
+    job = Job(2)   # an unmatched recv
+    for n in (1, 2):
+        job.op(0, "0", n, "send", at="pipe.py:30", p2p=True, peer=1)
+        job.op(1, "0", n, "recv", at="pipe.py:40", p2p=True, peer=0)
+    job.op(1, "0", 3, "recv", "waiting", at="pipe.py:40", func="recv_act", p2p=True, peer=0, t=T)
+    made += analyze(job.snap(), STALL, T + 31)
+    job = Job(2)   # a p2p stall whose peer cannot be checked
+    job.op(0, "0", 1, "all_reduce")
+    job.op(1, "0", 1, "all_reduce")
+    job.op(1, "0", 9, "recv", "waiting", p2p=True, peer=0, t=T)
+    snap = job.snap()
+    for rec in snap["ranks"]["0"]["records"]:
+        rec["id"] += 500
+    made += analyze(snap, STALL, T + 40)
+    job = digested_gathers(Job(4, {"2": ("ipc", range(4))}), [{0: "c0ffee", 1: "c0ffee", 2: "c0ffee"}] * 4)
+    made += analyze(job.snap(), STALL, T + 50)   # duplicate data
+    kinds = {(f.kind, getattr(f, "stage", None)) for f in made}
+    assert kinds >= {("mismatch", None), ("deadlock", None), ("dead_rank", None), ("stall", "completion"),
+                     ("stall", "unverified"), ("unmatched_p2p", None), ("duplicate_data", None)}, kinds
+    for f in made:
+        d = json.loads(json.dumps(f.to_json()))
+        g = Finding.from_json(d)
+        assert type(g) is type(f) and g == f and g.extra == {}
+        assert g.to_json() == d and list(g.to_json()) == list(d)
+
+
 def test_findings_survive_a_json_round_trip_for_the_text():
     f = analyze(seed_story().snap(), STALL, T + 2)[0]
-    g = json.loads(json.dumps(f))
-    assert report_mod.paragraph(g) == f["summary"]
+    g = Finding.from_json(json.loads(json.dumps(f.to_json())))
+    assert report_mod.paragraph(g) == f.summary
     assert stacks.render_stack_classes(g) == stacks.render_stack_classes(f)
 
 
 def test_the_analyzer_says_facts_and_the_reporter_the_words():
-    """analysis.analyze leaves "summary" and "advice" empty; summarize fills them in place, the
-    same paragraph a finding read back from JSON gets."""
+    """analysis.analyze leaves "summary" and "advice" empty; summarize writes them on copies (the
+    analyzer's findings stay facts), the same paragraph a finding read back from JSON gets."""
     facts = analysis.analyze(seed_story().snap(), STALL, T + 2)
-    assert facts and all(f["summary"] == "" and f["advice"] == "" for f in facts)
+    assert facts and all(f.summary == "" and f.advice == "" for f in facts)
     worded = summarize(facts)
-    assert worded is facts and worded[0]["summary"] == report_mod.paragraph(worded[0])
+    assert all(f.summary == "" and f.advice == "" for f in facts)
+    assert worded[0].summary == report_mod.paragraph(worded[0]) and worded[0].advice
     assert worded == analyze(seed_story().snap(), STALL, T + 2)
 
 
@@ -773,7 +822,7 @@ def test_render_report():
     assert "no problems found" in render_report([])
     findings = analyze(seed_story().snap(), STALL, T + 2)
     text = render_report(findings)
-    assert findings[0]["summary"] in text and "ranks 0-6:" in text
+    assert findings[0].summary in text and "ranks 0-6:" in text
 
 
 def test_long_rank_lists_are_abbreviated_in_prose_not_in_data():
@@ -781,9 +830,9 @@ def test_long_rank_lists_are_abbreviated_in_prose_not_in_data():
     job = Job(n, {"1": ("dp", range(0, n, 8))})
     job.op([r for r in range(0, n, 8) if r != 8], "1", 1, "all_reduce", "waiting", t=T)
     f = only(analyze(job.snap(), STALL, T + 31), "stall")
-    assert len(f["ranks"]) == n // 8 and f["missing_ranks"] == [8]
-    assert len(f["summary"]) < 1500
-    assert "every 8" in f["summary"]
+    assert len(f.ranks) == n // 8 and f.missing_ranks == [8]
+    assert len(f.summary) < 1500
+    assert "every 8" in f.summary
 
 
 # -- who to look at first, when no majority can tell ---------------------------------------------------------
@@ -795,12 +844,12 @@ def test_one_against_one_blames_the_rank_that_left_its_own_pattern(odd):
     job.op(odd, "0", 7, "barrier", "waiting", at="model.py:42", func="training_step", t=T)
     job.op(1 - odd, "0", 7, "all_reduce", "waiting", at="train.py:10", func="step", t=T)
     f = only(analyze(job.snap(), STALL, T + 1), "mismatch")
-    assert f["look_first"]["rank"] == odd and f["look_first"]["reason"] == "left"
-    assert f["look_first"]["user_frame"] == 1 and f["look_first"]["framework_frame"] is None
-    assert [x["origin"] for x in f["ranks"][str(odd)]["frames"]] == ["user", "user", "internal", "internal"]
-    assert f["advice"].startswith("Look first at model.py:42 (training_step)"), f["advice"]
-    assert f"rank {odd} calls barrier where rank {1 - odd} calls all_reduce" in f["advice"]
-    assert f"In earlier iterations rank {odd} made another call at this point: it left its own pattern" in f["advice"]
+    assert f.look_first["rank"] == odd and f.look_first["reason"] == "left"
+    assert f.look_first["user_frame"] == 1 and f.look_first["framework_frame"] is None
+    assert [x["origin"] for x in f.ranks[str(odd)]["frames"]] == ["user", "user", "internal", "internal"]
+    assert f.advice.startswith("Look first at model.py:42 (training_step)"), f.advice
+    assert f"rank {odd} calls barrier where rank {1 - odd} calls all_reduce" in f.advice
+    assert f"In earlier iterations rank {odd} made another call at this point: it left its own pattern" in f.advice
 
 
 def test_one_against_one_without_history_shows_both_sides_equally():
@@ -808,11 +857,11 @@ def test_one_against_one_without_history_shows_both_sides_equally():
     job.op(0, "0", 1, "barrier", "waiting", at="model.py:42", func="training_step", t=T)
     job.op(1, "0", 1, "all_reduce", "waiting", at="train.py:10", func="step", t=T)
     f = only(analyze(job.snap(), STALL, T + 1), "mismatch")
-    assert f["look_first"]["rank"] is None and f["look_first"]["reason"] == "undecided"
-    assert [s["ranks"] for s in f["look_first"]["sides"]] == [[0], [1]]
+    assert f.look_first["rank"] is None and f.look_first["reason"] == "undecided"
+    assert [s["ranks"] for s in f.look_first["sides"]] == [[0], [1]]
     assert ("Look first at both sides of collective #1 on group 0: rank 0 calls barrier at model.py:42 "
-            "(training_step), called from train.py:900 (main); rank 1 calls all_reduce at train.py:10 (step)") in f["advice"]
-    assert "Neither the job's history nor a majority tells" in f["advice"]
+            "(training_step), called from train.py:900 (main); rank 1 calls all_reduce at train.py:10 (step)") in f.advice
+    assert "Neither the job's history nor a majority tells" in f.advice
 
 
 def test_a_deadlock_blames_the_waiter_that_left_its_pattern_not_the_rank_at_its_routine_call():
@@ -822,8 +871,8 @@ def test_a_deadlock_blames_the_waiter_that_left_its_pattern_not_the_rank_at_its_
     job.op(0, "0", 6, "barrier", "waiting", at="model.py:42", func="training_step", t=T)
     job.op(1, "1", 6, "all_reduce", "waiting", at="train.py:10", func="step", t=T)
     f = only(analyze(job.snap(), STALL, T + 40), "deadlock")
-    assert f["look_first"]["rank"] == 0 and f["look_first"]["reason"] == "left"
-    assert f["advice"].startswith("Look first at model.py:42 (training_step)"), f["advice"]
+    assert f.look_first["rank"] == 0 and f.look_first["reason"] == "left"
+    assert f.advice.startswith("Look first at model.py:42 (training_step)"), f.advice
 
 
 def test_user_packages_setting_reaches_the_recorded_roots():

@@ -3,10 +3,13 @@ synthetic snapshots: no torch, no processes. What a user reads: which ranks, in 
 steps, the DataLoader's line and why it repeats; and nothing where ranks are equal on purpose."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from colltrace import analysis
 from colltrace.analysis import HANG_KINDS
+from colltrace.model.finding import Finding
 from colltrace.reporters.text import summarize
 from colltrace.tracefile.batchlog import BatchLog
 
@@ -46,12 +49,15 @@ def snap(digests: dict[int, list], members=None, loader=LOADER, group="0", exhau
 
 def test_ranks_fed_identical_batches_is_named_with_the_loaders_line():
     (f,) = analyze(snap({0: ["aa"] * 40, 1: ["aa"] * 40}), 30.0, T)
-    assert f["kind"] == "duplicate_data" and f["kind"] not in HANG_KINDS and f["missing_ranks"] == []
-    assert f["summary"].startswith("ranks 0-1 trained on identical batches in 40 of 40 sampled steps: the DataLoader "
+    assert f.kind == "duplicate_data" and f.kind not in HANG_KINDS and f.missing_ranks == []
+    assert f.summary.startswith("ranks 0-1 trained on identical batches in 40 of 40 sampled steps: the DataLoader "
                                    "at train.py:900 was built before init_process_group (no DistributedSampler)")
-    assert "called at train.py:120 (main)" in f["summary"]
-    assert f["advice"].startswith("Look first at the DataLoader at train.py:900")
-    assert f["look_first"]["rank"] == 0 and f["ranks"]["0"]["frames"][f["look_first"]["user_frame"]]["line"] == 120
+    assert "called at train.py:120 (main)" in f.summary
+    assert f.advice.startswith("Look first at the DataLoader at train.py:900")
+    assert f.look_first["rank"] == 0 and f.ranks["0"]["frames"][f.look_first["user_frame"]]["line"] == 120
+    d = json.loads(json.dumps(f.to_json()))   # findings.jsonl's line, read back: the same finding
+    assert Finding.from_json(d) == f and Finding.from_json(d).to_json() == d
+    assert list(d)[10:14] == ["source", "model", "op", "identical_calls"]   # the order it was always written in
 
 
 @pytest.mark.parametrize("loader, words", [
@@ -63,7 +69,7 @@ def test_ranks_fed_identical_batches_is_named_with_the_loaders_line():
 ])
 def test_the_text_says_where_the_batches_came_from(loader, words):
     (f,) = analyze(snap({0: ["aa"] * 5, 1: ["aa"] * 5}, loader=loader, exhaustive=loader is None), 30.0, T)
-    assert words in f["summary"], f["summary"]
+    assert words in f.summary, f.summary
 
 
 def test_batches_no_dataloader_gave_are_judged_in_the_exhaustive_mode_only():
@@ -75,8 +81,8 @@ def test_a_split_in_two_halves_names_each_half():
     """4 ranks, a sampler told of 2 replicas: ranks 0,1 read one half, ranks 2,3 the other."""
     fs = analyze(snap({0: ["a1", "a2", "a3"], 1: ["a1", "a2", "a3"], 2: ["b1", "b2", "b3"], 3: ["b1", "b2", "b3"]}),
                  30.0, T)
-    assert sorted(sorted(f["ranks"]) for f in fs) == [["0", "1"], ["2", "3"]]
-    assert len({f["key"] for f in fs}) == 2
+    assert sorted(sorted(f.ranks) for f in fs) == [["0", "1"], ["2", "3"]]
+    assert len({f.key for f in fs}) == 2
 
 
 def test_a_rank_whose_samples_lag_is_named_with_the_others_not_after_them():
@@ -84,7 +90,7 @@ def test_a_rank_whose_samples_lag_is_named_with_the_others_not_after_them():
     are named together once it has, never ranks 1-2 first."""
     assert analyze(snap({0: ["aa"] * 2, 1: ["aa"] * 3, 2: ["aa"] * 3}), 30.0, T) == []
     (f,) = analyze(snap({0: ["aa"] * 3, 1: ["aa"] * 3, 2: ["aa"] * 3}), 30.0, T)
-    assert sorted(f["ranks"]) == ["0", "1", "2"]
+    assert sorted(f.ranks) == ["0", "1", "2"]
 
 
 @pytest.mark.parametrize("case", ["different", "too_few", "mostly_different", "constant", "one_rank_seen",

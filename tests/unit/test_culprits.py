@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from colltrace.analysis.culprits import explain as _explain
+from colltrace.model.finding import Mismatch, Stall
 from colltrace.reporters.text import culprit_paragraph
 
 
@@ -12,12 +13,10 @@ def explain(findings):
 
 
 def stall(group, seq, waiting, missing=(), stage="arrival", completed=(), key=None):
-    f = {"kind": "stall", "stage": stage, "key": key or f"stall:{group}:{seq}:{stage}", "group": {"name": group},
-         "seq": seq, "waiting": list(waiting), "missing_ranks": list(missing),
-         "ranks": {str(r): {"op": "all_reduce", "seq": seq} for r in [*waiting, *missing]}}
-    if stage == "completion":
-        f["completed_ranks"] = list(completed)
-    return f
+    return Stall(stage=stage, key=key or f"stall:{group}:{seq}:{stage}", group={"name": group}, seq=seq,
+                 waiting=list(waiting), missing_ranks=list(missing),
+                 ranks={str(r): {"op": "all_reduce", "seq": seq} for r in [*waiting, *missing]},
+                 completed_ranks=list(completed) if stage == "completion" else None)
 
 
 def test_nothing_wrong_names_nobody():
@@ -44,7 +43,7 @@ def test_a_rank_that_did_not_complete_what_its_peers_completed_is_a_culprit_unle
 
 
 def test_mismatch_names_the_smallest_class():
-    f = {"kind": "mismatch", "key": "mismatch:0:4", "group": {"name": "0"}, "seq": 4, "differs": ["op"],
-         "classes": [{"ranks": [0, 1, 3], "op": "all_reduce"}, {"ranks": [2], "op": "broadcast"}], "ranks": {}}
+    f = Mismatch(key="mismatch:0:4", group={"name": "0"}, seq=4, differs=["op"],
+                 classes=[{"ranks": [0, 1, 3], "op": "all_reduce"}, {"ranks": [2], "op": "broadcast"}], ranks={})
     c = explain([f])
     assert c["culprits"] == [2] and "broadcast where ranks 0-1,3 called all_reduce" in c["paragraph"]

@@ -133,8 +133,8 @@ def test_mismatch_of_sizes_dtypes_or_op_is_found_in_nccl_dumps(field, odd):
 
     snap = frdump.to_snapshot(_dumps({1: odd}))
     fs = analyze(snap, stall_s=0.0, now=snap["taken_at"])
-    assert [f["kind"] for f in fs] == ["mismatch"]
-    assert fs[0]["differs"] == [{"sizes": "shapes"}.get(field, field)]
+    assert [f.kind for f in fs] == ["mismatch"]
+    assert fs[0].differs == [{"sizes": "shapes"}.get(field, field)]
     assert culprits.explain(fs)["culprits"] == [1]
 
 
@@ -153,7 +153,7 @@ def test_older_versions_without_collective_seq_id_or_is_p2p_are_read():
                  "entries": [old(1, state="completed")] + ([old(2)] if r == 0 else [])} for r in range(2)}
     snap = frdump.to_snapshot(dumps)
     [f] = analyze(snap, stall_s=0.0, now=snap["taken_at"])
-    assert f["kind"] == "stall" and f["missing_ranks"] == [1]
+    assert f.kind == "stall" and f.missing_ranks == [1]
 
 
 def test_cross_group_wait_cycle_is_a_deadlock_in_dumps():
@@ -169,8 +169,8 @@ def test_cross_group_wait_cycle_is_a_deadlock_in_dumps():
                  "entries": [_entry(1, pg=a, state="completed"), _entry(1, pg=b, state="completed"), _entry(2, pg=b)]}}
     snap = frdump.to_snapshot(dumps)
     fs = analyze(snap, stall_s=0.0, now=snap["taken_at"])
-    assert [f["kind"] for f in fs] == ["deadlock"]
-    assert {c["group"] for c in fs[0]["cycle"]} == {"A", "B"}
+    assert [f.kind for f in fs] == ["deadlock"]
+    assert {c["group"] for c in fs[0].cycle} == {"A", "B"}
     assert culprits.explain(fs)["culprits"] in ([0], [1])
 
 
@@ -198,8 +198,8 @@ def test_unmatched_send_in_dumps_names_the_peer():
              1: {"version": "2.9", "pg_config": cfg, "entries": [p2p(1, "recv 1<-0", state="completed")]}}
     snap = frdump.to_snapshot(dumps)
     fs = analyze(snap, stall_s=0.0, now=snap["taken_at"])
-    unmatched = [f for f in fs if f["kind"] == "unmatched_p2p"]
-    assert len(unmatched) == 1 and unmatched[0]["rank"] == 0 and unmatched[0]["peer"] == 1
+    unmatched = [f for f in fs if f.kind == "unmatched_p2p"]
+    assert len(unmatched) == 1 and unmatched[0].rank == 0 and unmatched[0].peer == 1
     assert culprits.explain(fs)["culprits"] == [1]
 
 
@@ -215,5 +215,5 @@ def test_p2p_wait_cycle_is_a_deadlock_in_dumps():
              for r in range(2)}
     snap = frdump.to_snapshot(dumps)
     fs = analyze(snap, stall_s=0.0, now=snap["taken_at"])
-    assert [f["kind"] for f in fs] == ["deadlock"]
-    assert all(c["p2p"] for c in fs[0]["cycle"]) and len(fs[0]["cycle"]) == 2
+    assert [f.kind for f in fs] == ["deadlock"]
+    assert all(c["p2p"] for c in fs[0].cycle) and len(fs[0].cycle) == 2

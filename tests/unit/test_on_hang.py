@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from colltrace.model.finding import Deadlock, Mismatch, Stall
 from colltrace.host import actions, probes
 from colltrace.reporters import phrases, text
 from colltrace.tracefile import endings
@@ -46,11 +47,11 @@ def on_hang(tmp_path, procs, mode):
     return actions.OnHang(SimpleNamespace(on_hang=mode, abort_stall_s=0.0), node_of(tmp_path, procs), Outputs())
 
 
-STALL_BUSY = {"kind": "stall", "key": "stall:2:1", "missing_ranks": [1], "waited_s": 5.0,
-              "ranks": {"1": {"state": "not_in_collective", "activity": {"state": "progressing"}}}}
-STALL_ENTERING = {"kind": "stall", "key": "stall:2:1", "missing_ranks": [1], "waited_s": 5.0,
-                  "ranks": {"1": {"state": "waiting", "op": "barrier", "group": "0", "seq": 3}}}
-DEADLOCK = {"kind": "deadlock", "key": "deadlock:0#3,2#1", "missing_ranks": [1], "ranks": {}}
+STALL_BUSY = Stall(key="stall:2:1", missing_ranks=[1], waited_s=5.0,
+                   ranks={"1": {"state": "not_in_collective", "activity": {"state": "progressing"}}})
+STALL_ENTERING = Stall(key="stall:2:1", missing_ranks=[1], waited_s=5.0,
+                       ranks={"1": {"state": "waiting", "op": "barrier", "group": "0", "seq": 3}})
+DEADLOCK = Deadlock(key="deadlock:0#3,2#1", missing_ranks=[1], ranks={})
 
 
 def test_a_stall_whose_missing_rank_just_entered_another_collective_is_not_acted_on():
@@ -66,8 +67,8 @@ def test_the_deadlock_after_a_reported_stall_is_acted_on(tmp_path, sleepers, mon
     assert h.due([STALL_BUSY]) == ("stall", "stall:2:1")       # dump acts on every hang
     h.act("stall", "stall:2:1")
     assert h.due([STALL_BUSY]) is None                            # once per finding
-    assert h.due([DEADLOCK]) == ("deadlock", DEADLOCK["key"])     # the certain one after it: acted on too
-    h.act("deadlock", DEADLOCK["key"])
+    assert h.due([DEADLOCK]) == ("deadlock", DEADLOCK.key)     # the certain one after it: acted on too
+    h.act("deadlock", DEADLOCK.key)
     assert h.outputs.stacks_written == {0: "stack text\n", 1: "stack text\n", 2: "stack text\n"}
     assert all(p.poll() is None for p in sleepers)                # dump ends nothing
 
@@ -80,20 +81,20 @@ def test_abort_ends_every_rank_at_once_and_records_why(tmp_path, sleepers, monke
     monkeypatch.setattr(probes, "dump_text", slow_dump)
     h = on_hang(tmp_path, sleepers, "abort")
     assert h.due([STALL_BUSY]) is None                            # ranks still computing: left running
-    assert h.due([STALL_BUSY, DEADLOCK]) == ("deadlock", DEADLOCK["key"])
+    assert h.due([STALL_BUSY, DEADLOCK]) == ("deadlock", DEADLOCK.key)
     t0 = time.monotonic()
-    h.act("deadlock", DEADLOCK["key"])
+    h.act("deadlock", DEADLOCK.key)
     for p in sleepers:
         p.wait(timeout=5)
     assert time.monotonic() - t0 < actions.ABORT_DUMP_S + 0.5   # not one dump after another, never 30 s
     assert [p.returncode for p in sleepers] == [-9, -9, -9]
     assert h.outputs.stacks_written[0] == "rank 0 stacks\n" and "no stack dump within" in h.outputs.stacks_written[1]
-    assert h.due([DEADLOCK, {**DEADLOCK, "key": "mismatch:0#4", "kind": "mismatch"}]) is None   # once aborted
+    assert h.due([DEADLOCK, Mismatch(key="mismatch:0#4", missing_ranks=[1])]) is None   # once aborted
     with open(endings.path(str(tmp_path), "node7")) as f:
         record = json.load(f)
-    assert record["why"] == "deadlock" and record["finding"] == DEADLOCK["key"]
+    assert record["why"] == "deadlock" and record["finding"] == DEADLOCK.key
     assert record["ranks"] == {str(r): p.pid for r, p in enumerate(sleepers)}
-    assert endings.read(str(tmp_path))[2] == {"why": "deadlock", "finding": DEADLOCK["key"], "at": record["at"],
+    assert endings.read(str(tmp_path))[2] == {"why": "deadlock", "finding": DEADLOCK.key, "at": record["at"],
                                               "pid": sleepers[2].pid}
 
 
@@ -108,18 +109,17 @@ def test_the_ending_is_told_as_it_happened():
     at = time.mktime((2026, 11, 25, 14, 37, 17, 0, 0, -1))
     e = {"state": "dead", "status": "dead", "exit": endings.exit_info({"why": "deadlock", "at": at})}
     assert phrases.exit_text(e) == "ended by colltrace (abort: deadlock) at 14:37:17"
-    f = {"kind": "deadlock", "cycle": [{"group": "0", "waiting": [0], "missing": [1]}],
-         "ranks": {"0": dict(e), "1": dict(e)}, "waited_s": 3.0}
+    f = Deadlock(cycle=[{"group": "0", "waiting": [0], "missing": [1]}], ranks={"0": dict(e), "1": dict(e)},
+                 waited_s=3.0)
     paragraph = text.paragraph(f)
     assert "colltrace then ended ranks 0-1 (abort: deadlock) at 14:37:17." in paragraph
     assert "died since" not in paragraph and "vanished" not in paragraph
 
 
 def test_a_superseded_stall_is_one_line_in_the_report():
-    stall = {"kind": "stall", "key": "stall:2:1", "summary": "Stall: rank 3 has waited 3.1 s. More.",
-             "detected_at": time.time(), "superseded_by": "deadlock:0#3,2#1"}
-    dl = {"kind": "deadlock", "key": "deadlock:0#3,2#1", "summary": "Deadlock.", "supersedes": ["stall:2:1"],
-          "cycle": [], "ranks": {}}
+    stall = Stall(key="stall:2:1", summary="Stall: rank 3 has waited 3.1 s. More.", detected_at=time.time(),
+                  superseded_by="deadlock:0#3,2#1")
+    dl = Deadlock(key="deadlock:0#3,2#1", summary="Deadlock.", supersedes=["stall:2:1"], cycle=[], ranks={})
     report = text.render_report([stall, dl])
     assert report.startswith("colltrace: 1 problem found (and 1 earlier stall that turned into it)")
     assert "[1] Superseded by [2] below: the stall reported at" in report and "Stall: rank 3 has waited 3.1 s" in report

@@ -5,6 +5,7 @@ from __future__ import annotations
 import textwrap
 
 from colltrace.callsites import samekind
+from colltrace.model.finding import Finding
 
 
 def write(path, text):
@@ -19,7 +20,7 @@ def finding(frames, desc="default_pg", name="0", kind="deadlock"):
         f["cycle"] = [{"waiting": [0, 1], "missing": [2]}]
     else:
         f["waiting"] = [0, 1]
-    return f
+    return Finding.from_json(f)
 
 
 def where(sites):
@@ -56,14 +57,14 @@ def test_default_group_sites_next_first_then_same_file_then_imported_modules(tmp
               {"file": "/x/site-packages/torch/distributed/distributed_c10d.py", "line": 5, "func": "barrier"}]
     f = finding(frames)
     samekind.annotate([f])
-    assert where(f["same_kind"]) == [
+    assert where(f.same_kind) == [
         ("train.py", 15, "save", "default"),        # next in the function that hangs
         ("train.py", 11, "main", "default"),        # next in its caller (the explicit-group call is skipped)
         ("train.py", 6, "early", "default"),        # elsewhere in the files on the stack
         ("helpers.py", 4, "log", "group"),          # imported: a parameter that defaults to None
         ("helpers2.py", 2, "<module>", "dist.group.WORLD"),
     ]
-    assert f["same_kind"][3]["may_be_default"] == "parameter group=None"
+    assert f.same_kind[3]["may_be_default"] == "parameter group=None"
 
 
 def test_a_named_group_lists_the_calls_on_that_group_only(tmp_path):
@@ -79,11 +80,12 @@ def test_a_named_group_lists_the_calls_on_that_group_only(tmp_path):
         """)
     f = finding([{"file": src, "line": 5, "func": "save"}], desc="train", name="1", kind="stall")
     samekind.annotate([f])
-    assert where(f["same_kind"]) == [("ckpt.py", 8, "Manager.save", "ipc.train_group")]
+    assert where(f.same_kind) == [("ckpt.py", 8, "Manager.save", "ipc.train_group")]
 
 
 def test_nothing_when_the_sources_are_not_here_or_nobody_is_missing(tmp_path):
     gone = finding([{"file": str(tmp_path / "gone.py"), "line": 3, "func": "f"}])
-    mismatch = dict(finding([{"file": str(tmp_path / "gone.py"), "line": 3, "func": "f"}]), kind="mismatch")
-    assert "same_kind" not in samekind.annotate([gone])[0]
-    assert "same_kind" not in samekind.annotate([mismatch])[0]
+    mismatch = Finding.from_json(dict(finding([{"file": str(tmp_path / "gone.py"), "line": 3, "func": "f"}]).to_json(),
+                                      kind="mismatch"))
+    assert "same_kind" not in samekind.annotate([gone])[0].to_json()
+    assert "same_kind" not in samekind.annotate([mismatch])[0].to_json()

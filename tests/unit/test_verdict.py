@@ -29,5 +29,6 @@ def test_report_txt_and_colltrace_analyze_say_the_same_of_one_folder(tmp_path):
     assert live.startswith("Culprits: ") and "The same kind elsewhere" not in live.split("\n", 1)[0]
     doc = json.loads(run_cli("analyze", str(folder), "--json").stdout)
     v = verdict.of_snapshot(snap, now=snap["taken_at"])
-    assert doc["culprits"] == v.culprits and [f["key"] for f in doc["findings"]] == [f["key"] for f in v.findings]
-    assert doc["findings"][0]["summary"] == v.findings[0]["summary"] and doc["stragglers"] == v.stragglers == []
+    assert doc["culprits"] == v.culprits and [f["key"] for f in doc["findings"]] == [f.key for f in v.findings]
+    assert doc["findings"] == [f.to_json() for f in v.findings]
+    assert doc["findings"][0]["summary"] == v.findings[0].summary and doc["stragglers"] == v.stragglers == []
