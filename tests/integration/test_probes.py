@@ -1,6 +1,7 @@
 """Progress over a stall from samples (plain data), and what COLLTRACE_ON_HANG=abort may end."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -8,6 +9,7 @@ import sys
 import time
 
 from colltrace.host import actions, activity, probes
+from colltrace.model.finding import Deadlock, DeadRank, Stall
 from colltrace.tracefile import asks
 from colltrace.reporters import activity as report
 
@@ -60,7 +62,7 @@ def stall(*states, waited=5.0):
     ranks = {"0": {"state": "waiting"}}
     for i, s in enumerate(states, 1):
         ranks[str(i)] = {"state": "not_in_collective", **({"activity": {"state": s}} if s else {})}
-    return {"kind": "stall", "missing_ranks": list(range(1, len(states) + 1)), "waited_s": waited, "ranks": ranks}
+    return Stall(stage="arrival", missing_ranks=list(range(1, len(states) + 1)), waited_s=waited, ranks=ranks)
 
 
 def test_abort_ends_a_stall_only_when_every_missing_rank_is_frozen():
@@ -72,7 +74,7 @@ def test_abort_ends_a_stall_only_when_every_missing_rank_is_frozen():
     assert actions.act_on(stall("progressing", waited=61), "abort", abort_stall_s=60)[0]
     assert not actions.act_on(stall("progressing", waited=59), "abort", abort_stall_s=60)[0]
     assert actions.act_on(stall("progressing"), "dump")[0]            # dump only writes stacks
-    assert actions.act_on({"kind": "deadlock", "missing_ranks": [3], "ranks": {}}, "abort")[0]
+    assert actions.act_on(Deadlock(missing_ranks=[3]), "abort")[0]
 
 
 def test_the_rank_answers_a_stack_request_from_its_own_thread(tmp_path):
@@ -144,9 +146,8 @@ def test_abort_stall_s_setting():
 
 
 def test_a_rank_dead_at_interpreter_exit_is_acted_on_only_once_someone_waits_for_it():
-    dead = {"kind": "dead_rank", "rank": 1, "exit": {"signal": "SIGABRT", "code": -6, "at_exit": True},
-            "waiting": [], "failed": [], "missing_ranks": [], "ranks": {}}
+    dead = DeadRank(rank=1, exit={"signal": "SIGABRT", "code": -6, "at_exit": True})
     assert not actions.act_on(dead, "abort")[0] and not actions.act_on(dead, "dump")[0]
-    waited = dict(dead, waiting=[{"ranks": [0], "group": "0", "seq": 3}], missing_ranks=[1])
+    waited = dataclasses.replace(dead, waiting=[{"ranks": [0], "group": "0", "seq": 3}], missing_ranks=[1])
     assert actions.act_on(waited, "abort")[0]
-    assert actions.act_on(dict(dead, exit={"signal": "SIGABRT", "code": -6}), "abort")[0]   # died mid-run
+    assert actions.act_on(dataclasses.replace(dead, exit={"signal": "SIGABRT", "code": -6}), "abort")[0]   # died mid-run
