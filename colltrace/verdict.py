@@ -17,21 +17,26 @@ from colltrace.analysis import analyze, culprits, desync, stragglers
 from colltrace.callsites import samekind
 from colltrace.model.finding import Finding
 from colltrace.reporters.text import render_verdict, summarize
+from colltrace.reporters.warnings import warning_json
 
 
 @dataclass(frozen=True)
 class Verdict:
-    findings: list[Finding]   # most important first, each with its summary and advice
-    culprits: list[int]       # the ranks whose own state explains the others' waits
-    warnings: list[dict]      # problems that did not hang this run (desyncs)
-    stragglers: list[dict]    # who made the others wait (never a finding)
+    findings: list[Finding]             # most important first, each with its summary and advice
+    explanation: culprits.Explanation   # the ranks whose own state explains the others' waits, and why
+    warnings: list[desync.Desync]       # problems that did not hang this run (desyncs)
+    stragglers: list[dict]              # who made the others wait (never a finding)
+
+    @property
+    def culprits(self) -> list[int]:
+        return self.explanation.culprits
 
     def as_json(self) -> dict:
-        return {"findings": [f.to_json() for f in self.findings], "culprits": self.culprits, "warnings": self.warnings,
-                "stragglers": self.stragglers}
+        return {"findings": [f.to_json() for f in self.findings], "culprits": self.culprits,
+                "warnings": [warning_json(w) for w in self.warnings], "stragglers": self.stragglers}
 
     def text(self) -> str:
-        return render_verdict(self.findings, self.warnings, self.stragglers)
+        return render_verdict(self.findings, self.explanation, self.warnings, self.stragglers)
 
 
 def findings_of(snap: dict, stall_s: float, now: float) -> list[Finding]:
@@ -47,7 +52,7 @@ def of_snapshot(snap: dict, stall_s: float = 30.0, now: float | None = None,
     if findings is None:
         findings = findings_of(snap, stall_s, snap.get("taken_at", 0.0) if now is None else now)
     samekind.annotate(findings)   # reads the user's source files: after the (pure) analysis; once per finding
-    return Verdict(findings, culprits.explain(findings)["culprits"], desync.of_snapshot(snap), _stragglers(snap))
+    return Verdict(findings, culprits.explain(findings), desync.of_snapshot(snap), _stragglers(snap))
 
 
 def _stragglers(snap: dict) -> list[dict]:

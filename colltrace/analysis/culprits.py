@@ -1,7 +1,7 @@
 """The culprits: the ranks whose own state explains every other rank's wait (root cause, not
 consequences), read from the findings alone.
 
-    c = culprits.explain(findings)    # {"culprits": [12, 14], "reasons": {...}, "others": [...], ...}
+    c = culprits.explain(findings)    # Explanation(culprits=[12, 14], reasons={12: [Reason(...)]}, ...)
 
 Findings already follow the wait graph to where each wait starts (a rank that only waits for
 another is credited to that one's problem), so each names its own root:
@@ -19,16 +19,56 @@ No table of framework group names: only groups, sequence numbers and who waits o
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from colltrace.model.finding import Deadlock, DeadRank, Finding, Mismatch, Stall, UnmatchedP2P
-from colltrace.words import and_list, rank_word   # rank lists and joins in the reasons
 
 
-def _op(f: Finding) -> str:
-    """The collective's name, from the first rank in it ("" when none says)."""
+@dataclass(frozen=True)
+class Where:
+    """A collective: its op (None where no rank said), number and group."""
+    op: str | None
+    seq: int | None
+    group: str | None
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why a rank is a culprit, as facts (colltrace/reporters/culprits.py words them). `what`:
+    odd_op        it called `op` where `ranks` called `other_op`, as `at`
+    odd_args      it called `at` with `differs` unlike the other members
+    died          it died (or exited) while the others still needed it
+    cycle         it waited in `at`, which `ranks` never called (waiting in `instead`): a wait cycle
+    never_posted  it never posted the op matching rank `rank`'s `op` (p2p)
+    no_match      it showed no op matching rank `rank`'s `op` (an unverified p2p)
+    no_transfer   it posted a transfer that never completes
+    not_completed it did not complete `at`, which `ranks` completed
+    never_completes it entered `at` with everyone, and it never completes
+    never_entered it never entered `at`, where `ranks` waited"""
+    what: str
+    at: Where | None = None
+    ranks: tuple[int, ...] = ()
+    op: str | None = None
+    other_op: str | None = None
+    differs: tuple[str, ...] = ()
+    rank: int | None = None
+    instead: Where | None = None
+
+
+@dataclass(frozen=True)
+class Explanation:
+    culprits: list[int]                 # sorted
+    reasons: dict[int, list[Reason]]    # each culprit's, the first one first
+    others: list[int]                   # the ranks involved that only wait
+    consequences: list[str]             # keys of the findings that name no culprit: work stuck behind them
+
+
+def _op(f: Finding) -> str | None:
+    """The collective's name, from the first rank in it (None when none says)."""
     for e in f.ranks.values():
         if e.get("seq") == f.seq and e.get("op"):
-            return f"{e['op']} "
-    return ""
+            return str(e["op"])
+    return None
 
 
 def _minority(f: Mismatch) -> list[int]:
@@ -42,50 +82,44 @@ def _minority(f: Mismatch) -> list[int]:
     return sorted({r for c in odd for r in c["ranks"]})
 
 
-def _roots(f: Finding) -> tuple[str, list[int], str]:
-    """(strength, ranks, why) for one finding. strength: "root", "lag", "backend" or ""."""
-    g = f.group.get("name")
-    where = f"{_op(f)}#{f.seq} on group {g}"
+def _cycle_at(c: dict) -> Where:
+    return Where(c.get("op"), c.get("seq"), c.get("group"))
+
+
+def _roots(f: Finding) -> tuple[str, list[int], Reason | None]:
+    """(strength, ranks, reason) for one finding. strength: "root", "lag", "backend" or ""."""
+    at = Where(_op(f), f.seq, f.group.get("name"))
     if isinstance(f, Mismatch):
         rs = _minority(f)
         odd = [c for c in f.classes if set(c.get("ranks") or ()) & set(rs)]
         rest = [c for c in f.classes if c not in odd]
-        differs = [d.replace("_", " ") for d in f.differs]
-        if odd and rest and "op" in differs:
-            why = (f"called {odd[0].get('op')} where {rank_word(rest[0]['ranks'])} called "
-                   f"{rest[0].get('op')}, as #{f.seq} on group {g}")
-        else:
-            why = f"called {where} with different {and_list(differs) or 'arguments'} than the other members"
-        return "root", rs, why
+        if odd and rest and "op" in f.differs:
+            return "root", rs, Reason("odd_op", at=Where(None, f.seq, f.group.get("name")), op=odd[0].get("op"),
+                                      ranks=tuple(rest[0]["ranks"]), other_op=rest[0].get("op"))
+        return "root", rs, Reason("odd_args", at=at, differs=tuple(f.differs))
     if isinstance(f, DeadRank):
-        return "root", [f.rank], "died (or exited) while the others still needed it"
+        return "root", [f.rank], Reason("died")
     if isinstance(f, Deadlock):
         cyc = f.cycle or [{}]
         first = cyc[0]
-        why = f"waited in {first.get('op')} #{first.get('seq')} on group {first.get('group')}"
-        if first.get("missing"):
-            why += f", which {rank_word(first['missing'])} never called"
-            other = next((c for c in cyc[1:] if set(c.get("waiting") or ()) & set(first["missing"])), None)
-            if other:
-                why += f" (waiting in {other.get('op')} #{other.get('seq')} on group {other.get('group')} instead)"
-        return "root", sorted(first.get("waiting") or []), why + ": a wait cycle"
+        missing = tuple(first.get("missing") or ())
+        other = next((c for c in cyc[1:] if set(c.get("waiting") or ()) & set(missing)), None) if missing else None
+        return "root", sorted(first.get("waiting") or []), Reason(
+            "cycle", at=_cycle_at(first), ranks=missing, instead=_cycle_at(other) if other else None)
     if isinstance(f, UnmatchedP2P):
-        return "root", [int(f.peer)] if f.peer is not None else [], \
-            f"never posted the op matching rank {f.rank}'s {f.op}"
+        return "root", [int(f.peer)] if f.peer is not None else [], Reason("never_posted", rank=f.rank, op=f.op)
     if not isinstance(f, Stall):
-        return "", [], ""
+        return "", [], None
     if f.p2p:
         if f.stage == "unverified" and f.peer is not None:
-            return "root", [f.peer], f"showed no op matching rank {f.rank}'s {f.op}"
-        return "backend", sorted(int(r) for r in f.ranks), "posted a transfer that never completes"
+            return "root", [f.peer], Reason("no_match", rank=f.rank, op=f.op)
+        return "backend", sorted(int(r) for r in f.ranks), Reason("no_transfer")
     if f.stage == "completion":
         if f.completed_ranks:
-            return "lag", sorted(f.waiting), (f"did not complete {where}, which "
-                                              f"{rank_word(f.completed_ranks)} completed")
-        return "backend", sorted(f.waiting), f"entered {where} with everyone, and it never completes"
+            return "lag", sorted(f.waiting), Reason("not_completed", at=at, ranks=tuple(f.completed_ranks))
+        return "backend", sorted(f.waiting), Reason("never_completes", at=at)
     rs = sorted(set(f.missing_ranks) | set(f.unknown_ranks or []))
-    waiting = f.waiting
-    return "root", rs, (f"never entered {where}" + (f", where {rank_word(waiting)} waited" if waiting else ""))
+    return "root", rs, Reason("never_entered", at=at, ranks=tuple(f.waiting))
 
 
 def _waiters(f: Finding) -> set[int]:
@@ -97,16 +131,16 @@ def _waiters(f: Finding) -> set[int]:
     return set()
 
 
-def explain(findings: list[Finding]) -> dict:
-    """{"culprits": sorted ranks, "reasons": {rank: [why, ...]}, "others": the ranks that only wait,
-    "consequences": keys of the findings that name no culprit}; reporters.text.culprit_paragraph
-    renders it."""
+def explain(findings: list[Finding]) -> Explanation:
+    """The culprits of these findings, each with its reasons; the ranks that only wait; the findings
+    that are only work stuck behind the culprits. reporters/culprits.py words it."""
     hang = [f for f in findings if f.kind != "duplicate_data"]
-    by: dict[str, dict[int, list[str]]] = {"root": {}, "lag": {}, "backend": {}}
+    by: dict[str, dict[int, list[Reason]]] = {"root": {}, "lag": {}, "backend": {}}
     named = [(f, _roots(f)) for f in hang]
     for f, (strength, ranks, why) in named:
-        for r in ranks if strength else ():
-            by[strength].setdefault(r, []).append(why)
+        if strength and why is not None:
+            for r in ranks:
+                by[strength].setdefault(r, []).append(why)
     waiting = set().union(*(_waiters(f) for f in hang)) if hang else set()
     chosen = dict(by["root"])
     for r, whys in by["lag"].items():
@@ -123,7 +157,6 @@ def explain(findings: list[Finding]) -> dict:
         if isinstance(f, Stall):   # ranks; a dead rank's `waiting` lists collectives
             involved.update(f.waiting)
     others = sorted(involved - set(culprits))
-    reasons = {str(r): sorted(set(chosen[r]), key=chosen[r].index) for r in culprits}
-    # findings that name no culprit as their own root: work stuck behind the culprits
+    reasons = {r: list(dict.fromkeys(chosen[r])) for r in culprits}   # each reason once, in order
     consequences = [f.key for f, (_, ranks, _) in named if not set(ranks) & set(culprits)]
-    return {"culprits": culprits, "reasons": reasons, "others": others, "consequences": consequences}
+    return Explanation(culprits, reasons, others, consequences)

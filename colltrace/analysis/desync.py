@@ -10,12 +10,33 @@ both sides of a root / non-root branch call (a gather with and without a list) i
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from colltrace.analysis.view import Snapshot, to_int, without_gc
+from colltrace.analysis.view import Snapshot, without_gc
 from colltrace.model.schema import COMPLETED
-from colltrace.words import frame_text, rank_word
 
 MAX_WARNINGS = 20
+
+
+@dataclass(frozen=True)
+class Place:
+    """One side of a desync: the ranks that came from one place of the user's code."""
+    ranks: list[int]
+    op: str | None
+    file: str | None
+    line: int | None
+    func: str | None
+    frames: list[dict]     # the user's own frames of its first rank's call, outermost first
+
+
+@dataclass
+class Desync:
+    """The ranks of `group` reached collective `seq` (and `seqs`, every number seen the same way)
+    from different `places`. colltrace/reporters/warnings.py words it."""
+    group: dict            # {"name", "desc", "ranks"}
+    seq: int
+    places: list[Place]
+    seqs: list[int] = field(default_factory=list)
 
 
 def _place(rec: dict, own):
@@ -26,20 +47,16 @@ def _place(rec: dict, own):
     return str(f.get("file")), str(f.get("func")), f
 
 
-def find(snap: Snapshot) -> list[dict]:
+def find(snap: Snapshot) -> list[Desync]:
     """One warning per (group, set of places), the first collective number where it was seen."""
     by_coll: dict[tuple, dict[int, dict]] = {}
     own_frames: dict[int, Callable] = {}
     for rank, view in sorted(snap.ranks.items()):
         own_frames[rank] = view.origins.user_frames   # classified by the rank's recorded roots
         for r in view.records:
-            try:
-                if r.get("p2p") or r.get("op") == "untraced" or r.get("state") != COMPLETED:
-                    continue
-                by_coll.setdefault((str(r["group"]), to_int(r["seq"])), {})[rank] = r
-            except (AttributeError, KeyError, TypeError, ValueError):
-                continue
-    out: dict[tuple, dict] = {}
+            if not (r.get("p2p") or r.get("op") == "untraced" or r.get("state") != COMPLETED):
+                by_coll.setdefault((r["group"], r["seq"]), {})[rank] = r
+    out: dict[tuple, Desync] = {}
     for (group, seq), recs in sorted(by_coll.items()):
         if len(recs) < 2:
             continue
@@ -61,26 +78,14 @@ def find(snap: Snapshot) -> list[dict]:
             sides = []
             for _, members in sorted(places.items(), key=lambda kv: min(m[0] for m in kv[1])):
                 rank, rec, frame = members[0]
-                chain = " → ".join(frame_text(x) for x in own_frames[rank](rec.get("frames")))
-                sides.append({"ranks": sorted(m[0] for m in members), "op": rec.get("op"), "file": frame.get("file"),
-                              "line": frame.get("line"), "func": frame.get("func"), "chain": chain})
-            text = "; ".join(f"{rank_word(s['ranks'])} in {s['op']} at {s['chain']}" for s in sides)
-            w = out[key] = {
-                "kind": "desync", "group": {"name": g["name"], "desc": g["desc"], "ranks": g["ranks"]},
-                "seq": seq, "seqs": [], "places": sides,
-                "message": (f"Collective #{seq} on group {group} ({g['desc'] or 'no description'}) was reached from "
-                            f"different places: {text}. It matched this time; the ranks are out of step there, and "
-                            f"the next change to either path can hang the job."),
-            }
-        w["seqs"].append(seq)
+                sides.append(Place(sorted(m[0] for m in members), rec.get("op"), frame.get("file"), frame.get("line"),
+                                   frame.get("func"), own_frames[rank](rec.get("frames"))))
+            w = out[key] = Desync({"name": g["name"], "desc": g["desc"], "ranks": g["ranks"]}, seq, sides)
+        w.seqs.append(seq)
     return list(out.values())
 
 
-def of_snapshot(snap: dict) -> list[dict]:
-    """Silent desyncs of a whole snapshot: warnings, never a reason to fail (nor to fail a report)."""
-    try:
-        with without_gc():
-            return find(Snapshot(snap))
-    except (TypeError, ValueError, KeyError, AttributeError):
-        return []
-
+def of_snapshot(snap: dict) -> list[Desync]:
+    """Silent desyncs of a whole snapshot (its view checks what it reads: analysis/view.py)."""
+    with without_gc():
+        return find(Snapshot(snap))

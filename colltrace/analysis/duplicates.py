@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from colltrace.analysis.view import Snapshot, to_int
+from colltrace.analysis.view import Snapshot
 from colltrace.model.schema import COMPLETED
 
 MIN_CALLS = 3          # identical calls at one place before it is called a pattern
@@ -46,12 +46,8 @@ def find(snap: Snapshot) -> list[Site]:
         if not view.entry.get("digests"):
             continue   # the common case: digests off, nothing to read
         for r in view.records:
-            try:
-                if r.get("digest") is None or r.get("state") != COMPLETED:
-                    continue
-                by_coll.setdefault((str(r["group"]), to_int(r["seq"])), {})[rank] = r
-            except (AttributeError, KeyError, TypeError, ValueError):
-                continue
+            if r.get("digest") is not None and r.get("state") == COMPLETED:
+                by_coll.setdefault((r["group"], r["seq"]), {})[rank] = r
     sites: dict[tuple, Site] = {}
     for (group, seq), recs in sorted(by_coll.items()):
         sample = recs[min(recs)]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from colltrace.analysis.view import PENDING, Rec, RankView, Snapshot, to_int
+from colltrace.analysis.view import PENDING, Rec, RankView, Snapshot
 from colltrace.model.finding import Finding
 from colltrace.model.schema import IN_FLIGHT, NOT_IN_COLLECTIVE, UNKNOWN, UNREADABLE, WAITING
 
@@ -150,23 +150,16 @@ class Evidence:
         v = self.snap.ranks.get(rank)
         if v is None or not isinstance(raw, dict):
             return None
-        group = raw.get("group")
+        group, seq = raw["group"], raw["seq"]   # a record the view checked (view._record)
         cur = call_site_of(v, raw)
-        try:
-            seq = to_int(raw.get("seq"))
-        except (TypeError, ValueError):
-            return None
         prev = v.record_before(str(group), seq) if seq > 1 else None
         here = call_site_of(v, prev) if prev is not None else None
         chain = []
         for r in v.records[-ROUTINE_WINDOW:]:
-            if r is raw or r is prev or not isinstance(r, dict) or r.get("p2p") or r.get("group") != group:
+            if r is raw or r is prev or r.get("p2p") or r["group"] != group:
                 continue
-            try:
-                if to_int(r.get("seq_end", r.get("seq"))) >= (seq - 1 if prev is not None else seq):
-                    continue   # not earlier than this point
-            except (TypeError, ValueError):
-                continue
+            if r.get("seq_end", r["seq"]) >= (seq - 1 if prev is not None else seq):
+                continue   # not earlier than this point
             chain.append(r)
         same = other = 0
         sites = [call_site_of(v, r) for r in chain]
@@ -197,10 +190,7 @@ class Evidence:
     def group_pattern(self, raw) -> str | None:
         """pattern() for the group's ops: after the op at the number just before this one, which
         op came next in earlier iterations. Marks as in pattern()."""
-        try:
-            group, seq, op = str(raw["group"]), to_int(raw["seq"]), str(raw.get("op"))
-        except (KeyError, TypeError, ValueError):
-            return None
+        group, seq, op = raw["group"], raw["seq"], str(raw.get("op"))
         ops = self.group_ops(group, seq)
         here = ops.get(seq - 1)
         if here is None:
@@ -231,20 +221,14 @@ class Evidence:
             if v is None:
                 continue
             for r in v.records[-ROUTINE_WINDOW:]:
-                try:
-                    if r.get("group") != group or r.get("p2p") or r.get("op") == "untraced":
-                        continue
-                    s0, s1 = to_int(r["seq"]), to_int(r.get("seq_end", r["seq"]))
-                except (AttributeError, KeyError, TypeError, ValueError):
+                if r["group"] != group or r.get("p2p") or r.get("op") == "untraced":
                     continue
+                s0, s1 = r["seq"], r.get("seq_end", r["seq"])
                 if s0 == s1 and s0 < seq:
                     ops.setdefault(s0, str(r.get("op")))
             for u in v.untraced:
-                try:
-                    if str(u["group"]) == group and to_int(u["seq"]) < seq:
-                        ops.setdefault(to_int(u["seq"]), str(u.get("op")))
-                except (KeyError, TypeError, ValueError):
-                    continue
+                if u["group"] == group and u["seq"] < seq:
+                    ops.setdefault(u["seq"], str(u.get("op")))
         cache[key] = ops
         return ops
 
@@ -254,18 +238,9 @@ class Evidence:
         by another: within the untraced blocks of the records and the Flight Recorder's list."""
         n = 0
         for r in recs:
-            if isinstance(r, dict) and r.get("op") == "untraced" and not r.get("untraced"):
-                try:
-                    n += max(0, min(to_int(r.get("seq_end", r["seq"])), seq - 1) - to_int(r["seq"]))
-                except (KeyError, TypeError, ValueError):
-                    continue
-        fr = set()
-        for u in v.untraced:
-            try:
-                if str(u["group"]) == group and to_int(u["seq"]) < seq:
-                    fr.add(to_int(u["seq"]))
-            except (KeyError, TypeError, ValueError):
-                continue
+            if r.get("op") == "untraced" and not r.get("untraced"):
+                n += max(0, min(r.get("seq_end", r["seq"]), seq - 1) - r["seq"])
+        fr = {u["seq"] for u in v.untraced if u["group"] == group and u["seq"] < seq}
         return n + sum(1 for s in fr if s + 1 in fr)
 
     def odd_ones(self, classes: list[tuple[list[int], dict]]) -> tuple[int | None, str]:

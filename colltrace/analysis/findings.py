@@ -15,7 +15,7 @@ from colltrace.analysis import batches, duplicates
 from colltrace.analysis.evidence import (ROUTINE_SAMPLE, ROUTINE_WINDOW, Evidence, call_site_of,
                                          compact_record)
 from colltrace.analysis.matching import Mismatch, check_collective
-from colltrace.analysis.view import Rec, RankView, Snapshot, to_int
+from colltrace.analysis.view import Rec, RankView, Snapshot
 from colltrace.analysis.waitgraph import Key, WaitGraph, coll_name
 from colltrace.model.finding import Deadlock, DeadRank, DuplicateData, Finding, Stall, UnmatchedP2P
 from colltrace.model.finding import Mismatch as MismatchFinding   # matching.Mismatch is the facts it is made of
@@ -125,12 +125,9 @@ class Verdicts:
                 candidates[(k.group, k.seq)] = [(w.rank, w.raw) for w in k.waiters]
         for rank, view in self.snap.ranks.items():
             for raw in view.failed:
-                try:
-                    if raw.get("p2p") or raw.get("backend_op") in ("send", "recv"):
-                        continue
-                    candidates.setdefault((str(raw["group"]), to_int(raw["seq"])), []).append((rank, raw))
-                except (KeyError, TypeError, ValueError):
+                if raw.get("p2p") or raw.get("backend_op") in ("send", "recv"):
                     continue
+                candidates.setdefault((raw["group"], raw["seq"]), []).append((rank, raw))
         out = {}
         for (group, seq) in sorted(candidates):
             mm = check_collective(self.snap, group, seq, candidates[(group, seq)])
@@ -144,12 +141,7 @@ class Verdicts:
         every member is in."""
         if not mm.not_entered:
             return True
-        times = []
-        for raw in mm.records.values():
-            try:
-                times.append(float(raw.get("entered_at") or 0.0))
-            except (AttributeError, TypeError, ValueError):
-                continue
+        times = [raw.get("entered_at") or 0.0 for raw in mm.records.values()]
         return not times or self.now - max(times) >= MISMATCH_SETTLE_S
 
     def _decide(self):
@@ -311,21 +303,18 @@ class Verdicts:
             if other == rank:
                 continue
             for raw in view.failed:
-                try:
-                    group, seq = str(raw["group"]), to_int(raw["seq"])
-                    p2p = bool(raw.get("p2p"))
-                    if p2p:
-                        if raw.get("peer") != rank:
-                            continue
-                        missing = True
-                    else:
-                        if rank not in self.snap.members(group):
-                            continue
-                        missing = dead.entered(group) < seq
-                        if not missing and dead.completed(group) >= seq:
-                            continue   # it finished that one: the failure is not its doing
-                except (KeyError, TypeError, ValueError):
-                    continue
+                group, seq = raw["group"], raw["seq"]
+                p2p = bool(raw.get("p2p"))
+                if p2p:
+                    if raw.get("peer") != rank:
+                        continue
+                    missing = True
+                else:
+                    if rank not in self.snap.members(group):
+                        continue
+                    missing = dead.entered(group) < seq
+                    if not missing and dead.completed(group) >= seq:
+                        continue   # it finished that one: the failure is not its doing
                 item = out.setdefault((group, seq, str(raw.get("op")), p2p), {
                     "group": group, "seq": seq, "op": raw.get("op"), "p2p": p2p, "missing": missing,
                     "ranks": [], "error": raw.get("error"), "records": {}})
@@ -452,10 +441,7 @@ class Verdicts:
     def _untraced_now(self, v: RankView):
         """The collective the Flight Recorder says the rank is in, untraced (DDP's all-reduce)."""
         for u in v.untraced[-1:]:
-            try:
-                return v.untraced_at(str(u["group"]), to_int(u["seq"]))
-            except (KeyError, TypeError, ValueError):
-                return None
+            return v.untraced_at(u["group"], u["seq"])
         return None
 
     def _duplicate(self, site: duplicates.Site):

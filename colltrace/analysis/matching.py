@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import operator
 
-from colltrace.analysis.view import MATCHING_OP, UNEVEN_OPS, Rec, Snapshot, is_object_op, to_int
+from colltrace.analysis.view import MATCHING_OP, UNEVEN_OPS, Rec, Snapshot, is_object_op
 
 FIELDS = ("op", "shapes", "dtypes", "reduce_op", "root")
 
@@ -36,8 +36,7 @@ def _signature(raw: dict) -> tuple:
     shapes = tuple(tuple(s) if isinstance(s, (list, tuple)) else (s,) for s in (raw.get("shapes") or ()))
     dtypes = tuple(str(d) for d in (raw.get("dtypes") or ()))
     redop = raw.get("reduce_op")
-    root = raw.get("root")
-    sig: tuple = (op, bop, shapes, dtypes, None if redop is None else str(redop), None if root is None else to_int(root))
+    sig: tuple = (op, bop, shapes, dtypes, None if redop is None else str(redop), raw.get("root"))
     try:
         hash(sig)
     except TypeError:  # a malformed shape (a table, say): compare its text
@@ -52,8 +51,8 @@ def _all_alike(raws) -> bool:
     """The common case, at C speed: every record has the very same op and arguments."""
     try:
         vals = list(map(_ALIKE, raws))
-    except (KeyError, TypeError):
-        return False  # an incomplete record: the careful path below
+    except KeyError:
+        return False  # a record without one of the fields (another tool's): the careful path below
     return not vals or vals.count(vals[0]) == len(vals)
 
 
@@ -76,13 +75,9 @@ def check_collective(snap: Snapshot, group: str, seq: int, at_hand: list[tuple[i
     # is never blamed, and one spanning several numbers started at an earlier one.
     by_sig: dict[tuple, list[int]] = {}
     for rank, raw in records.items():
-        try:
-            if raw.get("op") == "untraced" or to_int(raw["seq"]) != seq:
-                continue
-            sig = _signature(raw)
-        except (AttributeError, KeyError, TypeError, ValueError):
+        if raw.get("op") == "untraced" or raw["seq"] != seq:
             continue
-        by_sig.setdefault(sig, []).append(rank)
+        by_sig.setdefault(_signature(raw), []).append(rank)
     if len(by_sig) < 2:
         return None
     sigs = list(by_sig)

@@ -12,7 +12,7 @@ import gc
 from typing import Any
 
 from colltrace import origins
-from colltrace.model.schema import COMPLETED, DEAD, EXITED, FAILED, PENDING, UNREADABLE, WAITING
+from colltrace.model.schema import DEAD, EXITED, FAILED, PENDING, UNREADABLE, WAITING
 
 PENDING_OR_FAILED = PENDING | {FAILED}
 # What the backend runs for a p2p op -> what the peer must post to match it.
@@ -52,6 +52,81 @@ def to_int(x) -> int:
 def is_object_op(op: str) -> bool:
     # all_gather_object & co carry pickled bytes: no tensor shapes to compare
     return op.endswith("_object") or op.endswith("_object_list")
+
+
+def _int_or_none(x) -> int | None:
+    """An integer field read leniently: an int, or text/a float holding one; else None."""
+    if type(x) is int:
+        return x
+    if x is None or isinstance(x, bool):
+        return None
+    try:
+        return int(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def _time_or_none(x) -> float | None:
+    """A time field read leniently: a number, or text holding one; else None."""
+    if x is None or isinstance(x, bool):
+        return None
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def _record(r) -> dict | None:
+    """A record as every lookup reads it, checked once: a table whose "group" is a string, "seq"
+    (and "seq_end" where given) an integer, "entered_at"/"returned_at" a number or None, "peer" and
+    "root" an integer or None, "dtypes" a list or None. What the recorder writes is that already
+    (the very dict is kept, shared with the snapshot); a record another tool wrote with numbers as
+    text is copied so; one that cannot be read so is None (left out: no lookup could use it)."""
+    if type(r) is not dict:
+        return None
+    g, s, end, peer, root = r.get("group"), r.get("seq"), r.get("seq_end", 0), r.get("peer"), r.get("root")
+    t0, t1, dt = r.get("entered_at"), r.get("returned_at"), r.get("dtypes")
+    if (type(g) is str and type(s) is int and type(end) is int and (peer is None or type(peer) is int)
+            and (root is None or type(root) is int) and (t0 is None or type(t0) is float or type(t0) is int)
+            and (t1 is None or type(t1) is float or type(t1) is int) and (dt is None or type(dt) is list)):
+        return r
+    seq = _int_or_none(s)
+    if g is None or seq is None:
+        return None
+    fixed = dict(r, group=str(g), seq=seq, peer=_int_or_none(peer), root=_int_or_none(root),
+                 entered_at=_time_or_none(t0), returned_at=_time_or_none(t1),
+                 dtypes=dt if isinstance(dt, list) else None)
+    if "seq_end" in r:
+        fixed["seq_end"] = _int_or_none(r["seq_end"])
+        if fixed["seq_end"] is None:
+            return None
+    for k in ("peer", "root", "entered_at", "returned_at", "dtypes"):
+        if k not in r:
+            del fixed[k]
+    return fixed
+
+
+def _untraced(u) -> dict | None:
+    """A Flight Recorder entry the rank's trace lists untraced: "group" a string, "seq" an integer."""
+    if type(u) is not dict:
+        return None
+    if type(u.get("group")) is str and type(u.get("seq")) is int:
+        return u
+    seq = _int_or_none(u.get("seq"))
+    return None if u.get("group") is None or seq is None else dict(u, group=str(u["group"]), seq=seq)
+
+
+def _progress(prog: dict) -> dict[str, tuple[int | None, int]]:
+    """{group: (entered, completed)}: entered None where it cannot be read (the records tell then),
+    completed 0."""
+    out = {}
+    for g, p in prog.items():
+        if type(p) is dict:
+            e, c = p.get("entered"), p.get("completed")
+            out[str(g)] = (e if type(e) is int else _int_or_none(e), c if type(c) is int else (_int_or_none(c) or 0))
+        else:
+            out[str(g)] = (None, 0)
+    return out
 
 
 class Rec:
@@ -115,15 +190,20 @@ class RankView:
         recs = [] if recs is None else recs
         if not isinstance(recs, list):
             raise TypeError("'records' is not a list")
-        self.records = recs
+        checked = list(map(_record, recs))
+        for raw, r in zip(recs, checked):
+            if r is None and type(raw) is dict and raw.get("state") in PENDING_OR_FAILED:
+                # where it waits is the point of the rank's entry: without it, the rank is unreadable
+                raise ValueError(f"a {raw.get('state')} record without a group and number: {sorted(raw)}")
+        self.records: list[dict] = [r for r in checked if r is not None]
         prog = entry.get("progress")
         prog = {} if prog is None else prog
         if not isinstance(prog, dict):
             raise TypeError("'progress' is not a table")
-        self._progress = prog
+        self._progress = _progress(prog)
         self.stack = _frames(entry.get("stack"))
         untraced = entry.get("untraced")
-        self.untraced = [u for u in untraced if isinstance(u, dict)] if isinstance(untraced, list) else []
+        self.untraced = [x for x in map(_untraced, untraced) if x is not None] if isinstance(untraced, list) else []
         fault = entry.get("fault")
         if not self.stack and isinstance(fault, dict):
             self.stack = _frames(fault.get("frames"))
@@ -136,11 +216,7 @@ class RankView:
         self._posted: dict[tuple, int | None] = {}
         self._last_active: float | None = None
         self._complete: bool | None = None
-        try:  # the common case, at C speed: every record a dict with a state
-            chosen = [r for r in recs if r["state"] != COMPLETED]
-        except (KeyError, TypeError):
-            chosen = [r for r in recs if isinstance(r, dict) and r.get("state") != COMPLETED]
-        chosen = [r for r in chosen if r.get("state") in PENDING_OR_FAILED] if chosen else chosen
+        chosen = [r for r in self.records if r.get("state") in PENDING_OR_FAILED]
         self.pending = self._current_pending([Rec(rank, r) for r in chosen if r["state"] != FAILED])
         self.failed = [r for r in chosen if r["state"] == FAILED]
         self.classify(teardown=False)
@@ -179,33 +255,23 @@ class RankView:
 
     # -- lazy lookups -------------------------------------------------------------------------
     def completed(self, group: str) -> int:
-        try:
-            v = self._progress[group]["completed"]
-            return v if type(v) is int else to_int(v)
-        except (KeyError, TypeError, ValueError):
-            return 0
+        p = self._progress.get(group)
+        return p[1] if p is not None else 0
 
     def entered(self, group: str) -> int:
         """Highest collective number this rank entered on the group (whole run)."""
         v = self._entered.get(group)
         if v is None:
-            try:
-                v = self._progress[group]["entered"]
-                if type(v) is not int:
-                    v = to_int(v)
-            except (KeyError, TypeError, ValueError):
-                v = self._entered_from_records(group)
+            p = self._progress.get(group)
+            v = p[0] if p is not None and p[0] is not None else self._entered_from_records(group)
             self._entered[group] = v
         return v
 
     def _entered_from_records(self, group: str) -> int:
         best = 0
         for r in self.records:
-            try:
-                if r.get("group") == group and not r.get("p2p"):
-                    best = max(best, to_int(r.get("seq_end", r["seq"])), to_int(r["seq"]))
-            except (AttributeError, KeyError, TypeError, ValueError):
-                continue
+            if r["group"] == group and not r.get("p2p"):
+                best = max(best, r.get("seq_end", r["seq"]), r["seq"])
         return best
 
     def groups_mentioned(self) -> set[str]:
@@ -219,18 +285,15 @@ class RankView:
         if self._last_active is None:
             t = 0.0
             for r in self.records:
-                try:
-                    t = max(t, float(r.get("entered_at") or 0.0), float(r.get("returned_at") or 0.0))
-                except (AttributeError, TypeError, ValueError):
-                    continue
-            self._last_active = t
+                t = max(t, r.get("entered_at") or 0.0, r.get("returned_at") or 0.0)
+            self._last_active = float(t)
         return self._last_active
 
     @property
     def window_complete(self) -> bool:
         """Whether the records go back to the rank's first one (ids start at 1)."""
         if self._complete is None:
-            self._complete = any(isinstance(r, dict) and r.get("id") == 1 for r in self.records)
+            self._complete = any(r.get("id") == 1 for r in self.records)
         return self._complete
 
     def posted(self, op: str, toward: int) -> int | None:
@@ -241,11 +304,8 @@ class RankView:
             return self._posted[key]
         best = None
         for r in self.records:
-            try:
-                if r.get("p2p") and r.get("backend_op") == op and to_int(r.get("peer")) == toward:
-                    best = max(best or 0, to_int(r["seq"]))
-            except (AttributeError, KeyError, TypeError, ValueError):
-                continue
+            if r.get("p2p") and r.get("backend_op") == op and r.get("peer") == toward:
+                best = max(best or 0, r["seq"])
         if best is None and self.window_complete:
             best = 0
         self._posted[key] = best
@@ -256,13 +316,12 @@ class RankView:
         `since`? None when its window does not reach back that far."""
         oldest = None
         for r in self.records:
-            try:
-                t = float(r["entered_at"])
-                oldest = t if oldest is None else min(oldest, t)
-                if r.get("backend_op") == op and toward in (r.get("peer"), r.get("root")) and t >= since - 1e-6:
-                    return True
-            except (AttributeError, KeyError, TypeError, ValueError):
+            t = r.get("entered_at")
+            if t is None:
                 continue
+            oldest = t if oldest is None else min(oldest, t)
+            if r.get("backend_op") == op and toward in (r.get("peer"), r.get("root")) and t >= since - 1e-6:
+                return True
         if self.window_complete or (oldest is not None and oldest <= since):
             return False
         return None
@@ -271,13 +330,10 @@ class RankView:
         """The collective record covering number `seq` on the group, newest first; else what the
         Flight Recorder says the rank entered there untraced; None if neither holds it."""
         for r in reversed(self.records):
-            try:
-                if r.get("group") != group or r.get("p2p") or r.get("backend_op") in ("send", "recv"):
-                    continue
-                s = to_int(r["seq"])
-                end = max(s, to_int(r.get("seq_end", s)))
-            except (AttributeError, KeyError, TypeError, ValueError):
+            if r["group"] != group or r.get("p2p") or r.get("backend_op") in ("send", "recv"):
                 continue
+            s = r["seq"]
+            end = max(s, r.get("seq_end", s))
             if s <= seq <= end:
                 return r
             if end < seq:
@@ -288,18 +344,16 @@ class RankView:
         """A record for a collective the rank entered without colltrace seeing it (DDP's C++
         all-reduce), as its Flight Recorder names it; where it is is its live stack."""
         for u in self.untraced:
-            try:
-                if str(u["group"]) != group or to_int(u["seq"]) != seq:
-                    continue
-                op = str(u.get("op") or "unknown")
-                return {"id": None, "rank": self.rank, "group": group, "seq": seq, "seq_end": seq, "op": op,
-                        "backend_op": str(u.get("backend_op") or op.replace("_", "")), "p2p": False, "peer": None,
-                        "state": WAITING, "async": False, "entered_at": float(u.get("t") or 0.0),
-                        "returned_at": None, "completed_at": None, "shapes": u.get("shapes") or [],
-                        "dtypes": u.get("dtypes") or [], "reduce_op": None, "root": None, "count": 1,
-                        "thread": "", "frames": self.stack or [], "untraced": True}
-            except (KeyError, TypeError, ValueError, AttributeError):
+            if u["group"] != group or u["seq"] != seq:
                 continue
+            op = str(u.get("op") or "unknown")
+            dtypes = u.get("dtypes")
+            return {"id": None, "rank": self.rank, "group": group, "seq": seq, "seq_end": seq, "op": op,
+                    "backend_op": str(u.get("backend_op") or op.replace("_", "")), "p2p": False, "peer": None,
+                    "state": WAITING, "async": False, "entered_at": _time_or_none(u.get("t")) or 0.0,
+                    "returned_at": None, "completed_at": None, "shapes": u.get("shapes") or [],
+                    "dtypes": dtypes if isinstance(dtypes, list) else [], "reduce_op": None, "root": None,
+                    "count": 1, "thread": "", "frames": self.stack or [], "untraced": True}
         return None
 
     def record_before(self, group: str, seq: int) -> dict | None:
@@ -308,7 +362,7 @@ class RankView:
 
     def last_record(self) -> dict | None:
         for r in reversed(self.records):
-            if isinstance(r, dict) and r.get("op") != "untraced":
+            if r.get("op") != "untraced":
                 return r
         return None
 
@@ -400,12 +454,8 @@ class Snapshot:
                 if v is None:
                     unknown.append(m)
                     continue
-                try:  # the common case inline: 16k members make a method call per member count
-                    e = v._progress[name]["entered"]
-                    if type(e) is not int:
-                        e = v.entered(name)
-                except (KeyError, TypeError):
-                    e = v.entered(name)
+                p = v._progress.get(name)   # the common case inline: 16k members make a method call per member count
+                e = p[0] if p is not None and p[0] is not None else v.entered(name)
                 known.append((e, m))
             known.sort()
             a = self._arrivals[name] = (known, [e for e, _ in known], unknown)

@@ -13,10 +13,12 @@ import dataclasses
 import os
 import re
 
+from colltrace.analysis.culprits import Explanation
+from colltrace.analysis.desync import Desync
 from colltrace.model.finding import (Deadlock, DeadRank, DuplicateData, Finding, Mismatch, Stall,
                                      UnmatchedP2P)
 from colltrace.model.schema import DEAD, EXITED, UNKNOWN, UNREADABLE
-from colltrace.words import and_list, frame_text_of, rank_word, short_ranks, sorted_ranks
+from colltrace.words import and_list, frame_text_of, rank_word, sorted_ranks
 from colltrace.reporters.phrases import (PENDING_STATES, behind_clause, capitalized, clock, died_since, exit_text,
                                          first_line, group_phrase, natural_key, op_phrase, sample_entry, seconds,
                                          shape_text, untraced_clause, verb_for, who_phrase)
@@ -25,6 +27,8 @@ from colltrace.reporters.stacks import render_stack_classes
 from colltrace.reporters.activity import activity_clause
 from colltrace.reporters.advice import advice
 from colltrace.reporters.stragglers import render_stragglers
+from colltrace.reporters.culprits import culprit_paragraph
+from colltrace.reporters.warnings import render_warnings
 
 
 def _where_instead(finding: Finding, rs: list[int], e: dict) -> str:
@@ -374,53 +378,17 @@ def headline(f: Finding, limit: int = 400) -> str:
     return first if len(first) <= limit else first[:limit - 1] + "…"
 
 
-def culprit_paragraph(culprits: list[int], reasons: dict, others: list[int]) -> str:
-    """"Culprits: look at ranks 12,14 first. Rank 12 never entered ...; rank 14 did not complete
-    .... The other 14 ranks involved (0-11,13,15) only wait, directly or through others, on them."
-    Culprits with the same reason share one sentence."""
-    if not culprits:
-        return ""
-    alike: dict[str, list[int]] = {}
-    more: dict[str, int] = {}
-    for r in culprits:
-        why = reasons.get(str(r)) or ["is where the waits end"]
-        alike.setdefault(why[0], []).append(r)
-        more[why[0]] = max(more.get(why[0], 0), len(why) - 1)
-    parts = [f"{rank_word(rs)} {why}" + (f" (and {more[why]} more like it)" if more[why] else "")
-             for why, rs in alike.items()]
-    text = f"Culprits: look at {rank_word(culprits)} first. {capitalized('; '.join(parts))}."
-    if others:
-        who = (f"The other rank involved ({others[0]}) only waits" if len(others) == 1 else
-               f"The other {len(others)} ranks involved ({short_ranks(others)}) only wait")
-        text += f" {who}, directly or through others, on {'it' if len(culprits) == 1 else 'them'}."
-    return text
-
-
-def render_warnings(warnings: Sequence[dict]) -> str:
-    """analysis.desync's warnings (a healthy run's silent desyncs) as text, or ""."""
-    if not warnings:
-        return ""
-    n = len(warnings)
-    lines = [f"colltrace: {n} warning{'s' if n != 1 else ''} (no hang this time)"]
-    for i, w in enumerate(warnings, 1):
-        extra = f" (and {len(w['seqs']) - 1} more collectives the same way)" if len(w.get("seqs", ())) > 1 else ""
-        lines.append(f"[w{i}] {w['message']}{extra}")
-    return "\n\n".join(lines)
-
-
-def render_verdict(findings: list[Finding], warnings: Sequence[dict] = (), stragglers: Sequence[dict] = ()) -> str:
+def render_verdict(findings: list[Finding], explanation: Explanation, warnings: Sequence[Desync] = (),
+                   stragglers: Sequence[dict] = ()) -> str:
     """The whole verdict as `colltrace analyze` prints it and report.txt holds it: the culprits
     first; findings that are only work stuck behind them (NCCL queues a whole step behind one
     stuck rank) are counted, not printed (--json lists every one); then any silent desyncs, then
     the ranks that made the others wait (colltrace/analysis/stragglers.py)."""
-    from colltrace.analysis import culprits
-
-    verdict = culprits.explain(findings)
-    paragraph = culprit_paragraph(verdict["culprits"], verdict["reasons"], verdict["others"])
+    paragraph = culprit_paragraph(explanation)
     if not paragraph:
         text = render_report(findings)
     else:
-        behind = set(verdict["consequences"])
+        behind = set(explanation.consequences)
         shown = [f for f in findings if f.key not in behind]
         text = paragraph + "\n\n" + render_report(shown)
         if len(shown) < len(findings):

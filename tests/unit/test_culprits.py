@@ -3,13 +3,14 @@ from __future__ import annotations
 
 from colltrace.analysis.culprits import explain as _explain
 from colltrace.model.finding import Mismatch, Stall
-from colltrace.reporters.text import culprit_paragraph
+from colltrace.reporters.culprits import culprit_paragraph
 
 
 def explain(findings):
     """The analyzer's facts with the reporter's paragraph beside them, as `colltrace analyze` prints."""
     c = _explain(findings)
-    return dict(c, paragraph=culprit_paragraph(c["culprits"], c["reasons"], c["others"]))
+    return {"culprits": c.culprits, "reasons": c.reasons, "others": c.others, "consequences": c.consequences,
+            "paragraph": culprit_paragraph(c)}
 
 
 def stall(group, seq, waiting, missing=(), stage="arrival", completed=(), key=None):
