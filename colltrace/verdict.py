@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from colltrace.analysis import analyze, culprits, desync, stragglers
 from colltrace.callsites import samekind
+from colltrace.model import schema
 from colltrace.model.finding import Finding
 from colltrace.reporters.text import render_verdict, summarize
 from colltrace.reporters.warnings import warning_json
@@ -39,13 +40,13 @@ class Verdict:
         return render_verdict(self.findings, self.explanation, self.warnings, self.stragglers)
 
 
-def findings_of(snap: dict, stall_s: float, now: float) -> list[Finding]:
+def findings_of(snap: schema.Snapshot, stall_s: float, now: float) -> list[Finding]:
     """The analysis with each finding's words: what the watchdog and the dashboard judge each round
     (the same-kind call sites, which read the user's files, are added where a finding is reported)."""
     return summarize(analyze(snap, stall_s=stall_s, now=now))
 
 
-def of_snapshot(snap: dict, stall_s: float = 30.0, now: float | None = None,
+def of_snapshot(snap: schema.Snapshot, stall_s: float = 30.0, now: float | None = None,
                 findings: list[Finding] | None = None) -> Verdict:
     """The whole verdict on `snap`. findings: those already judged and reported (the watchdog's,
     superseded ones included), else judged here at `now` (default: the snapshot's time)."""
@@ -55,7 +56,7 @@ def of_snapshot(snap: dict, stall_s: float = 30.0, now: float | None = None,
     return Verdict(findings, culprits.explain(findings), desync.of_snapshot(snap), _stragglers(snap))
 
 
-def _stragglers(snap: dict) -> list[dict]:
+def _stragglers(snap: schema.Snapshot) -> list[dict]:
     """Never a reason for a verdict not to be said: a live view this did not expect has none."""
     try:
         return stragglers.find(snap)

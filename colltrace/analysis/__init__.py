@@ -23,12 +23,13 @@ from __future__ import annotations
 
 from colltrace.analysis.findings import HANG_KINDS, Verdicts
 from colltrace.analysis.view import Snapshot, without_gc
+from colltrace.model import schema
 from colltrace.model.finding import Finding
 
 __all__ = ["analyze", "HANG_KINDS"]
 
 
-def analyze(snap: dict, stall_s: float, now: float) -> list[Finding]:
+def analyze(snap: schema.Snapshot, stall_s: float, now: float) -> list[Finding]:
     """Every confirmed problem in the snapshot, as typed findings (colltrace/model/finding.py),
     most important first: the facts, with `summary` and `advice` empty
     (colltrace.reporters.text.summarize writes them).

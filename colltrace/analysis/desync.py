@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from colltrace.analysis.view import Snapshot, without_gc
+from colltrace.model import schema
 from colltrace.model.schema import COMPLETED
 
 MAX_WARNINGS = 20
@@ -85,7 +86,7 @@ def find(snap: Snapshot) -> list[Desync]:
     return list(out.values())
 
 
-def of_snapshot(snap: dict) -> list[Desync]:
+def of_snapshot(snap: schema.Snapshot) -> list[Desync]:
     """Silent desyncs of a whole snapshot (its view checks what it reads: analysis/view.py)."""
     with without_gc():
         return find(Snapshot(snap))

@@ -28,6 +28,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
+from colltrace.model import schema
 from colltrace.model.schema import is_clock
 from colltrace.origins import for_roots, user_frames
 
@@ -104,7 +105,7 @@ class Arrival:
         return {rank: t - first for t, rank in self.times}
 
 
-def arrivals(snap: dict) -> list[Arrival]:
+def arrivals(snap: schema.Snapshot) -> list[Arrival]:
     """The collectives of a snapshot that every member recorded entering (point-to-point and
     untraced ones left out), in no particular order. A large job's live snapshot carries arrival
     digests instead of records ("arrivals": model/arrivals.py): those, where it has them."""
@@ -218,7 +219,7 @@ class Sampled:
         return sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in self.gcs)
 
 
-def samples_of(snap: dict, into: dict[int, Sampled] | None = None) -> dict[int, Sampled]:
+def samples_of(snap: schema.Snapshot, into: dict[int, Sampled] | None = None) -> dict[int, Sampled]:
     """The stack samples the snapshot's entries carry, per rank (added to `into`: the live window
     keeps what earlier rounds brought). Each stack's frames are classified by the rank's own roots
     once; what is not a sample is left out."""
@@ -242,7 +243,7 @@ def samples_of(snap: dict, into: dict[int, Sampled] | None = None) -> dict[int, 
     return out
 
 
-def find(snap: dict) -> list[dict]:
+def find(snap: schema.Snapshot) -> list[dict]:
     """Stragglers of a snapshot (docs/design.md), most wait caused first; [] when nobody stands out.
     Each: {"rank", "waited_for_s", "late_share", "collectives", "of", "lag_s", "where": [{"file",
     "line", "func", "share"}]}: `waited_for_s` sums, over the collectives it came last to, its

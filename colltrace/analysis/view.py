@@ -12,6 +12,7 @@ import gc
 from typing import Any
 
 from colltrace import origins
+from colltrace.model import schema
 from colltrace.model.schema import DEAD, EXITED, FAILED, PENDING, UNREADABLE, WAITING
 
 PENDING_OR_FAILED = PENDING | {FAILED}
@@ -380,7 +381,7 @@ def _frames(x) -> list | None:
 class Snapshot:
     """The whole snapshot: readable ranks, unreadable ones with the reason, groups."""
 
-    def __init__(self, snap):
+    def __init__(self, snap: schema.Snapshot):
         snap = snap if isinstance(snap, dict) else {}
         raw_ranks = snap.get("ranks")
         raw_ranks = raw_ranks if isinstance(raw_ranks, dict) else {}

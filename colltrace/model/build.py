@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from colltrace import origins
 from colltrace.model import arrivals
-from colltrace.model.schema import ALIVE, DEAD, ENDED, PENDING, UNKNOWN, UNREADABLE, WAITING, empty, is_clock
+from colltrace.model.schema import (ALIVE, DEAD, ENDED, PENDING, UNKNOWN, UNREADABLE, WAITING, Snapshot, empty,
+                                    is_clock)
 
 SUSPECT_AFTER_S = 0.5   # others have waited this long: fetch the missing rank's live stack
 RECENT_COMPLETED = 4    # completed records per rank sent through the store (pending ones always)
@@ -132,7 +133,7 @@ def from_files(entries: dict, groups: dict, saved: dict | None) -> dict:
     return snap
 
 
-def add_saved_stacks(snap: dict, saved: dict) -> None:
+def add_saved_stacks(snap: Snapshot, saved: dict) -> None:
     """Live stacks a watchdog saved (its snapshot.json) for ranks that are alive and show none:
     where ranks in no collective are, for a reader that cannot take stacks itself."""
     ranks = saved.get("ranks") if isinstance(saved, dict) else None
@@ -147,7 +148,7 @@ def add_saved_stacks(snap: dict, saved: dict) -> None:
                     entry[k] = theirs[k]
 
 
-def job_stall_s(snap: dict) -> float | None:
+def job_stall_s(snap: Snapshot) -> float | None:
     """The COLLTRACE_STALL_S the job ran with (each rank's entry carries it), so that an analysis
     after the fact agrees with the live one; None if no entry says."""
     for entry in (snap.get("ranks") or {}).values():
@@ -157,10 +158,10 @@ def job_stall_s(snap: dict) -> float | None:
     return None
 
 
-def merge(summaries: list[dict], now: float) -> dict:
+def merge(summaries: list[dict], now: float) -> Snapshot:
     """One snapshot of these summaries (the first: this host's own); where hosts measured their
     clocks (host/clock.py), each host's offset to this one's as "clocks"."""
-    snap: dict = dict(empty(now))
+    snap = empty(now)
     for s in summaries:
         snap["groups"].update(s.get("groups") or {})
         snap["ranks"].update(s.get("ranks") or {})
@@ -221,7 +222,7 @@ def compact_entry(entry: dict) -> dict:
     return e
 
 
-def suspects(snap: dict, now: float) -> set[int]:
+def suspects(snap: Snapshot, now: float) -> set[int]:
     """Ranks others have waited for a while that are in no collective: their live stack will
     be needed to say where they are instead. Each collective waited on is looked at once, not
     once per rank waiting in it (a world group's hang: N waiters, N members). A member seen from

@@ -90,6 +90,7 @@ class RankEntry(TypedDict, total=False):
     stack_errors: dict          # why the other routes to its stack failed
     activity: dict              # progressing, blocked in I/O or frozen (host/probes.py)
     vital: bool                 # a large job's vitals only (host/tree.py)
+    flight_recorder: dict       # a rank read from a Flight Recorder dump: {"version", "source"} (tracefile/frdump.py)
 
 
 class _SnapshotBase(TypedDict):
@@ -101,6 +102,9 @@ class _SnapshotBase(TypedDict):
 
 class Snapshot(_SnapshotBase, total=False):
     clocks: dict       # host -> [its clock minus the leader's, error bound] (host/clock.py); multi-host live jobs
+    arrivals: dict     # group -> digests of who came when (model/arrivals.py); live jobs of more than 512 ranks
+    source: dict       # where a post-mortem snapshot came from: {"kind": "flight_recorder", "path"} (tracefile/frdump.py)
+    findings: list     # the findings reported live, as JSON (snapshot.json, `colltrace dump --from-store`)
 
 
 def is_clock(v) -> TypeGuard[list]:

@@ -13,6 +13,7 @@ recorded carries each one's arrival lag (`args.lag_ms`, `args.last_to_arrive`), 
 from __future__ import annotations
 
 from colltrace.analysis.stragglers import arrivals
+from colltrace.model import schema
 from colltrace.model.finding import Finding
 from colltrace.model.schema import COMPLETED, FAILED
 
@@ -38,7 +39,7 @@ def _name(r: dict) -> str:
     return f"{r.get('op')} #{r.get('seq')}"
 
 
-def build(snap: dict, findings: list[Finding], culprits: list[int] | None = None) -> dict:
+def build(snap: schema.Snapshot, findings: list[Finding], culprits: list[int] | None = None) -> dict:
     taken_at = float(snap.get("taken_at") or 0.0)
     ranks = {int(k): v for k, v in (snap.get("ranks") or {}).items() if isinstance(v, dict)}
     times = [float(r["entered_at"]) for e in ranks.values() for r in e.get("records") or ()
