@@ -47,7 +47,9 @@ def test_a_loader_built_before_init_process_group_is_named_live_and_after(torchr
     job = run(torchrun_job, wrap, "no_sampler")
     plain = run(torchrun_job, wrap, "no_sampler", traced=False)
     assert loss(job) == loss(plain)   # tracing changed nothing the job computed
-    (live,) = job.findings()   # the watchdog's, while the job ran: one, and the job went on
+    found = job.findings()
+    assert len(found) == 1, [(f["kind"], f["key"], f.get("summary", "")[:200]) for f in found]
+    (live,) = found   # the watchdog's, while the job ran: one, and the job went on
     assert live["kind"] == "duplicate_data" and live["kind"] not in HANG_KINDS
     where = loc("loader_before", JOB)
     assert f"the DataLoader at {where} was built before init_process_group (no DistributedSampler)" in live["summary"]
