@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from colltrace.host.meeting import LEADER_KEY
 from helpers.jobs import findings, frames_line, loc
 
 pytestmark = pytest.mark.slow
@@ -88,10 +89,10 @@ def test_the_store_dying_mid_run_changes_nothing_for_the_job(gloo_job):
     plain = gloo_job("steady.py", 2, env=env, traced=False)
     expected = [plain.stdout(r) for r in range(2)] if plain.wait(120) == [0, 0] else None
     job = gloo_job("steady.py", 2, env=env)
-    deadline = time.time() + 60
-    while time.time() < deadline and not os.path.exists(os.path.join(job.dir, "rank-00001.ring")):
+    deadline = time.time() + 60   # the watchdog has met the store: it announced its own server there
+    while not store.check([LEADER_KEY]):
+        assert time.time() < deadline, "the watchdog never announced its server in the job's store"
         time.sleep(0.05)
-    time.sleep(1.0)           # the watchdog has connected and published
     del store                 # the store's server goes away mid-run
     assert job.wait(120) == [0, 0]
     assert [job.stdout(r) for r in range(2)] == expected
