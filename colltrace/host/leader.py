@@ -266,10 +266,12 @@ class Exchange:
                 else:
                     ranks = {r: compact_entry(e) if tree.detailed(e) and "cls" not in e else e for r, e in ranks.items()}
                     classes = summary.get("classes") or {}
-                    if not want["all"]:   # a large job: equal states travel once (tree.fold)
+                    extra = {}
+                    if not want["all"]:   # a large job: equal states travel once (tree.fold), counted here
                         ranks, classes = tree.fold(ranks, classes)
+                        extra["tally"] = tree.subtree_tally(ranks, classes)
                     link.publish_node({**summary, "own": sorted(int(r) for r in self.node.traces), "ranks": ranks,
-                                       "classes": classes})
+                                       "classes": classes, **extra})
                     self._bare = (link, bare)
                 self._published_at, self._fresh_want, self._shape = now, False, shape
             if self.leader:

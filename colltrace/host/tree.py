@@ -275,7 +275,9 @@ class Suspicion:
                 table = p.get("ranks") or {}
                 have = self._tallies.get(id(table))
                 if have is None or have[0] is not table:
-                    have = (table, _tally(table))
+                    # a subtree's summary carries its parent's count of it (subtree_tally): what
+                    # the root reads per round grows with its children, not with the ranks below
+                    have = (table, tally_of(p.get("tally")) or _tally(table))
                 keep[id(table)] = have
                 tallies.append(have[1])
             self._tallies = keep
@@ -301,10 +303,34 @@ class Suspicion:
         return self.groups
 
 
-def _tally(ranks: dict) -> tuple:
+def subtree_tally(ranks: dict, classes: dict) -> dict:
+    """_tally of the entries a host publishes (residues read through their classes), in the JSON
+    its summary carries as "tally": the root sums its children's instead of counting every rank
+    (at 16,384 ranks that was 60 % of the root's round)."""
+    hi, lo, dead, pending, since = _tally(ranks, classes)
+    return {"hi": hi, "lo": lo, "dead": sorted(dead), "pending": sorted(pending), "since": since}
+
+
+def tally_of(raw) -> tuple | None:
+    """A summary's "tally" as _tally's tuple; None where it is absent or not what subtree_tally
+    writes (the root then counts the table itself)."""
+    if not isinstance(raw, dict):
+        return None
+    hi, lo, dead, pending, since = (raw.get(k) for k in ("hi", "lo", "dead", "pending", "since"))
+    if not (isinstance(hi, dict) and isinstance(lo, dict) and isinstance(dead, list) and isinstance(pending, list)
+            and isinstance(since, dict)):
+        return None
+    if not (all(type(v) is int for v in hi.values()) and all(type(v) is int for v in lo.values())
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in since.values())):
+        return None
+    return hi, lo, set(map(str, dead)), set(map(str, pending)), since
+
+
+def _tally(ranks: dict, classes: dict | None = None) -> tuple:
     """One ranks table, counted: per group its highest entered and lowest completed number, the
     groups of ranks not alive, the groups of pending records and, per group, the earliest entry
-    among its pending records (which `now` turns into "stuck")."""
+    among its pending records (which `now` turns into "stuck"). classes: where the table holds
+    residues (fold), their records' classes."""
     hi_entered: dict[str, int] = {}
     lo_done: dict[str, int] = {}
     dead: set[str] = set()
@@ -324,14 +350,20 @@ def _tally(ranks: dict) -> tuple:
                 hi_entered[g] = ent
             if done < lo_done.get(g, 1 << 62):
                 lo_done[g] = done
-        if detailed(e):
-            for r in e.get("records") or ():
-                if r.get("state") in PENDING and r.get("group") is not None:
-                    g = str(r["group"])
-                    pending.add(g)
-                    t = r.get("entered_at")
-                    if isinstance(t, (int, float)) and t and t < since.get(g, float("inf")):
-                        since[g] = t
+        if not detailed(e):
+            continue
+        if "cls" in e:   # a residue: its records' states and groups are its class's, their times its own
+            t_recs = (classes or {}).get(e["cls"], {}).get("records") or ()
+            times = e.get("rt") if isinstance(e.get("rt"), list) else []
+            recs = [(r, n[1] if isinstance(n, list) and len(n) == 4 else None) for r, n in zip(t_recs, times)]
+        else:
+            recs = [(r, r.get("entered_at")) for r in e.get("records") or ()]
+        for r, t in recs:
+            if r.get("state") in PENDING and r.get("group") is not None:
+                g = str(r["group"])
+                pending.add(g)
+                if isinstance(t, (int, float)) and t and t < since.get(g, float("inf")):
+                    since[g] = t
     return hi_entered, lo_done, dead, pending, since
 
 

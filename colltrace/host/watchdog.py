@@ -30,7 +30,14 @@ from colltrace.reporters.stragglers import render_straggler_line
 CERTAIN_KINDS = ("deadlock", "mismatch", "dead_rank")   # what a stall can turn into
 SUPERSEDABLE = ("stall", "unmatched_p2p")
 REJUDGE_S = 0.5               # a large job's unchanged input is judged again this often (SETTLE_S's and the death's wait fit)
+REJUDGE_SHARE = 0.25          # ... or, where judging takes longer, at most this share of the watchdog's time
+REJUDGE_MAX_S = 5.0           # ... and never less often than this (a threshold crossed, a host lost: this late at most)
 WATCHDOG_NICE = 10            # scheduling priority of the watchdog's threads (0 = the ranks')
+
+
+def rejudge_after(took: float) -> float:
+    """How long an unchanged input's answer stands, given the CPU seconds judging it took."""
+    return min(REJUDGE_MAX_S, max(REJUDGE_S, took / REJUDGE_SHARE))
 
 
 def _yield_cpu() -> None:
@@ -84,7 +91,8 @@ class Watchdog:
         self.findings: list[Finding] = []   # every finding reported, in order
         self._states: dict[str, dict] = {}  # finding key -> its missing ranks' activity states, last said
         self._view: View | None = None
-        self._last_judged: tuple | None = None   # (when, its input's key, the answer, the tables): _judge
+        self._last_suspects: tuple | None = None   # (when, its input's key, the ranks, CPU s, the tables): _suspects
+        self._last_judged: tuple | None = None   # (when, its input's key, the answer, the tables, CPU s): _judge
         self._subscribers: list = []
         self._start_dashboard = start_dashboard
         self.dashboard = None              # COLLTRACE_DASHBOARD: its server once started (False: failed or none)
@@ -138,7 +146,7 @@ class Watchdog:
             others = others + [self.store.lost_leader]
         snap = merge([summary] + others, now)
         if self.leader:
-            wanted, sample = suspects(snap, now), self.latecomers.to_sample()
+            wanted, sample = self._suspects(snap, summary, others, now), self.latecomers.to_sample()
             self.store.want(wanted, snap, now, parts=[summary] + others, sample=sample)
         else:
             sample = self.store.sample_wanted
@@ -183,6 +191,29 @@ class Watchdog:
             self.on_hang.act(why, key)
         return new
 
+    def _input_key(self, summary: dict, others: list[dict]) -> tuple | None:
+        """What a large job's round reads, as a value to compare: this host's ranks (their
+        heartbeats aside), the groups asked for, and the other hosts' tables by identity (a table
+        is kept while its summary's bytes do not change: host/storelink.py). None on a small job."""
+        if self.store.judges_all:
+            return None
+        own = {r: {k: v for k, v in e.items() if k != "heartbeat"} for r, e in summary["ranks"].items()}
+        return repr(sorted(own.items())), frozenset(self.store.suspected_groups), tuple(id(o["ranks"]) for o in others)
+
+    def _suspects(self, snap: dict, summary: dict, others: list[dict], now: float) -> set[int]:
+        """build.suspects of this round, on a large job kept while its input is unchanged, as
+        _judge keeps its answer: at 16,384 ranks in a hang it reads every rank's records, 50 ms."""
+        key = self._input_key(summary, others)
+        last = self._last_suspects
+        if key is not None and last is not None and last[1] == key and now - last[0] < rejudge_after(last[3]):
+            return last[2]
+        took = time.thread_time()
+        out = suspects(snap, now)
+        took = time.thread_time() - took
+        # the tables themselves are held with the answer: no id in the key is reused while compared
+        self._last_suspects = (now, key, out, took, [o["ranks"] for o in others]) if key is not None else None
+        return out
+
     def _judge(self, snap: dict, summary: dict, others: list[dict], now: float) -> list[Finding] | None:
         """The findings on this round's snapshot; None where a large job cannot be judged yet (the
         ranks the root asked for are not all in full: host/tree.py's judged). On a large job whose
@@ -191,18 +222,21 @@ class Watchdog:
         and the groups asked for the same), that round's answer stands for REJUDGE_S: at 16,384
         ranks picking the judged ranks costs the root 60 ms and an analysis 60 more, which every
         round would make most of its CPU. Only time can change the answer then (a wait growing
-        past a threshold, a host's beat ageing past lost_after), so it comes at most that late."""
-        key, tables = None, [o["ranks"] for o in others]
-        if not self.store.judges_all:
-            own = {r: {k: v for k, v in e.items() if k != "heartbeat"} for r, e in summary["ranks"].items()}
-            # the tables by identity: _last_judged holds them, so no id is reused while compared
-            key = (repr(sorted(own.items())), frozenset(self.store.suspected_groups), tuple(map(id, tables)))
+        past a threshold, a host's beat ageing past lost_after), so it comes at most that late;
+        where judging took longer (a hung job of 16,384 ranks: about a second), the unchanged input
+        is judged again only after REJUDGE_SHARE of the time has gone to it, at most REJUDGE_MAX_S
+        later: a hung job left hanging (COLLTRACE_ON_HANG=warn) does not keep the root busy."""
+        tables = [o["ranks"] for o in others]   # held with the answer: no id in the key is reused while compared
+        key = self._input_key(summary, others)
+        if key is not None:
             last = self._last_judged
-            if last is not None and now - last[0] < REJUDGE_S and last[1] == key:
+            if last is not None and last[1] == key and now - last[0] < rejudge_after(last[4]):
                 return last[2]
+        took = time.thread_time()
         judged = self.store.judgeable(snap)   # a large job: the ranks it asked for in full (host/tree.py)
         findings = None if judged is None else verdict.findings_of(judged, self.settings.stall_s, now)
-        self._last_judged = (now, key, findings, tables) if key is not None else None
+        took = time.thread_time() - took
+        self._last_judged = (now, key, findings, tables, took) if key is not None else None
         return findings
 
     def _supersede(self, new: list[Finding], findings: list[Finding]) -> None:

@@ -87,6 +87,38 @@ def test_counted_per_host_the_root_asks_for_what_counting_every_rank_asks_for():
     assert per_host.update(snap, 12.5, twice) == whole.update(snap, 12.5)
 
 
+def test_the_root_sums_the_tallies_its_children_send_and_asks_for_what_counting_every_rank_asks_for():
+    """Each host sends its count of what it publishes (tree.subtree_tally, over its residues and
+    their classes); the root sums those instead of counting every rank it unfolded: round by
+    round, through the healthy job, the hang and its details, it asks for the same groups."""
+    job = simhosts.Job(64, t0=0.0, hang_at=10.0)
+    whole, summed = tree.Suspicion(), tree.Suspicion()
+    for now in (5.0, 9.9, 10.2, 10.4, 10.8, 11.0, 11.5, 12.0):
+        parts = []
+        for i in range(1, 9):
+            entries = {r: e if now >= 10.8 else tree.vital(e) for r, e in _entries(job, i, now).items()}
+            folded, classes = tree.fold(entries)
+            sent = {"ranks": folded, "classes": classes, "tally": tree.subtree_tally(folded, classes)}
+            parts.append({"ranks": tree.unfold(sent["ranks"], sent["classes"]), "tally": sent["tally"]})
+        snap = {"groups": {}, "ranks": {r: e for p in parts for r, e in p["ranks"].items()}}
+        # a root that counted nothing itself: every table's tally is its host's
+        counted = [tree.tally_of(p["tally"]) for p in parts]
+        assert all(c is not None for c in counted)
+        assert counted == [tree._tally(p["ranks"]) for p in parts], now
+        assert summed.update(snap, now, parts) == whole.update(snap, now), now
+    assert {"0", simhosts.PAIR} <= summed.groups
+
+
+def test_a_tally_that_is_not_what_a_host_writes_is_counted_again_by_the_root():
+    for bad in (None, [], {"hi": {"0": "3"}, "lo": {}, "dead": [], "pending": [], "since": {}},
+                {"hi": {}, "lo": {}, "dead": "0", "pending": [], "since": {}}, {"hi": {}}):
+        assert tree.tally_of(bad) is None
+    ranks = {"0": {"rank": 0, "status": "alive", "progress": {"0": {"entered": 4, "completed": 3}}, "vital": True}}
+    s = tree.Suspicion()
+    s.update({"groups": {}, "ranks": ranks}, 1.0, [{"ranks": ranks, "tally": {"hi": "x"}}])
+    assert s.update({"groups": {}, "ranks": ranks}, 1.6, [{"ranks": ranks, "tally": {"hi": "x"}}]) == {"0"}
+
+
 def test_the_root_judges_only_when_every_member_of_a_wanted_group_is_in_full():
     job = simhosts.Job(16, t0=0.0, hang_at=10.0)
     groups = {**job.groups(1), **job.groups(2)}
