@@ -38,7 +38,7 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         findings = analyze(snap, stall_s=30.0, now=snap["taken_at"])
         best = min(best, time.perf_counter() - t)
-    kinds = ", ".join(f"{f['kind']} {f['key']}" for f in findings[:5]) or "none"
+    kinds = ", ".join(f"{f.kind} {f.key}" for f in findings[:5]) or "none"
     if len(findings) > 5:
         kinds += f", … ({len(findings)} in all)"
     print(f"ranks {args.ranks}  groups {len(snap['groups'])} ({args.groups} per rank)  records {n_records}  "

@@ -128,14 +128,14 @@ def _trace_round(wd, view, since_hang: float, took: float, new: list) -> None:
     ranks = view.snapshot["ranks"] if view is not None else {}
     full = sum(1 for e in ranks.values() if isinstance(e, dict) and tree.detailed(e))
     last = wd._last_judged
-    judged = "not judgeable" if last is None or last[2] is None else [f.get("kind") for f in last[2]]
+    judged = "not judgeable" if last is None or last[2] is None else [f.kind for f in last[2]]
     if last is not None and last[1] is not None:
         ids = last[1][2]
         prev = getattr(_trace_round, "ids", ())
         _trace_round.ids = ids
         judged = f"{judged} ({sum(1 for a, b in zip(ids, prev) if a != b)} of {len(ids)} tables new, at {last[0] % 100:.2f})"
     print(f"scale_live: root +{since_hang:.2f} s, round {took * 1000:.0f} ms: {len(ranks)} ranks, {full} in full, "
-          f"asked {sorted(wd.store.suspected_groups)}, judged {judged}, new {[f.get('kind') for f in new]}",
+          f"asked {sorted(wd.store.suspected_groups)}, judged {judged}, new {[f.kind for f in new]}",
           file=sys.stderr, flush=True)
 
 
@@ -176,10 +176,10 @@ def root(ranks, fan, port, t0, hang_at, ready, done, results, period) -> None:
         if not said and wd.store.link is not None:
             said = True
             ready.put(1)
-        if verdict is None and any(f.get("kind") == "deadlock" for f in new) and job.hang_at:
+        if verdict is None and any(f.kind == "deadlock" for f in new) and job.hang_at:
             # when its paragraph reached the job's stderr (the files after it take longer)
             verdict = (stream.first_said or time.time()) - job.hang_at
-            text = [f"{f.get('kind')} {f.get('key')}, {len(f.get('ranks') or ())} ranks named" for f in new]
+            text = [f"{f.kind} {f.key}, {len(f.ranks)} ranks named" for f in new]
         if verdict is not None and cpu0 not in (None, REPORTED) and time.time() >= job.hang_at + max(verdict, AFTER_S):
             if prof is not None:
                 prof.disable()

@@ -13,7 +13,7 @@ from typing import Any
 
 from colltrace import origins
 from colltrace.model import schema
-from colltrace.model.schema import DEAD, EXITED, FAILED, PENDING, UNREADABLE, WAITING
+from colltrace.model.schema import COMPLETED, DEAD, EXITED, FAILED, PENDING, UNREADABLE, WAITING
 
 PENDING_OR_FAILED = PENDING | {FAILED}
 # What the backend runs for a p2p op -> what the peer must post to match it.
@@ -191,12 +191,9 @@ class RankView:
         recs = [] if recs is None else recs
         if not isinstance(recs, list):
             raise TypeError("'records' is not a list")
-        checked = list(map(_record, recs))
-        for raw, r in zip(recs, checked):
-            if r is None and type(raw) is dict and raw.get("state") in PENDING_OR_FAILED:
-                # where it waits is the point of the rank's entry: without it, the rank is unreadable
-                raise ValueError(f"a {raw.get('state')} record without a group and number: {sorted(raw)}")
-        self.records: list[dict] = [r for r in checked if r is not None]
+        self._raw_records = recs
+        self._records: list[dict] | None = None   # checked when first read (records)
+        self._fixed: dict[int, dict] = {}         # id(raw record) -> its checked copy, one per record
         prog = entry.get("progress")
         prog = {} if prog is None else prog
         if not isinstance(prog, dict):
@@ -217,10 +214,35 @@ class RankView:
         self._posted: dict[tuple, int | None] = {}
         self._last_active: float | None = None
         self._complete: bool | None = None
-        chosen = [r for r in self.records if r.get("state") in PENDING_OR_FAILED]
+        try:  # the common case, at C speed: every record a dict with a state
+            chosen = [r for r in recs if r["state"] != COMPLETED]
+        except (KeyError, TypeError):
+            chosen = [r for r in recs if type(r) is dict and r.get("state") != COMPLETED]
+        chosen = [self._pending_record(r) for r in chosen if r.get("state") in PENDING_OR_FAILED] if chosen else chosen
         self.pending = self._current_pending([Rec(rank, r) for r in chosen if r["state"] != FAILED])
         self.failed = [r for r in chosen if r["state"] == FAILED]
         self.classify(teardown=False)
+
+    def _checked(self, raw) -> dict | None:
+        """_record(raw), the same object each time it is asked (identity tells a record apart)."""
+        r = _record(raw)
+        if r is not None and r is not raw:
+            r = self._fixed.setdefault(id(raw), r)
+        return r
+
+    def _pending_record(self, raw: dict) -> dict:
+        r = self._checked(raw)
+        if r is None:   # where it waits is the point of the rank's entry: without it, the rank is unreadable
+            raise ValueError(f"a {raw.get('state')} record without a group and number: {sorted(raw)}")
+        return r
+
+    @property
+    def records(self) -> list[dict]:
+        """Every record that can be read (view._record), oldest first; checked once, when first
+        read: most passes read only the pending ones (a 16,384-rank trace holds a million)."""
+        if self._records is None:
+            self._records = [r for r in map(self._checked, self._raw_records) if r is not None]
+        return self._records
 
     def classify(self, teardown: bool) -> None:
         """Set what its death means. A rank killed from outside (no fatal signal of its own) as
