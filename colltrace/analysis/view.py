@@ -55,26 +55,25 @@ def is_object_op(op: str) -> bool:
     return op.endswith("_object") or op.endswith("_object_list")
 
 
-def _int_or_none(x) -> int | None:
-    """An integer field read leniently: an int, or text/a float holding one; else None."""
-    if type(x) is int:
-        return x
+def _as(kind: type, x):
+    """x read leniently as `kind` (int or float): as it is, or from text or another number holding
+    one; None for None, a bool, or anything else."""
     if x is None or isinstance(x, bool):
         return None
+    if type(x) is kind:
+        return x
     try:
-        return int(x)
+        return kind(x)
     except (TypeError, ValueError):
         return None
+
+
+def _int_or_none(x) -> int | None:
+    return _as(int, x)
 
 
 def _time_or_none(x) -> float | None:
-    """A time field read leniently: a number, or text holding one; else None."""
-    if x is None or isinstance(x, bool):
-        return None
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return None
+    return _as(float, x)
 
 
 def _record(r) -> dict | None:

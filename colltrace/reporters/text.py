@@ -7,7 +7,8 @@ comes from a live watchdog and from `colltrace analyze` on a copied folder.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import dataclasses
 import os
@@ -289,20 +290,15 @@ def summarize(findings: list[Finding]) -> list[Finding]:
     return out
 
 
+_RENDER: dict[type, Callable[[Any], str]] = {Mismatch: _mismatch, Deadlock: _deadlock, Stall: _stall,
+                                             UnmatchedP2P: _unmatched, DeadRank: _dead_rank, DuplicateData: _duplicate}
+
+
 def paragraph(finding: Finding) -> str:
     """The one-paragraph human summary of a finding (also its `summary` field)."""
-    if isinstance(finding, Mismatch):
-        body = _mismatch(finding)
-    elif isinstance(finding, Deadlock):
-        body = _deadlock(finding)
-    elif isinstance(finding, Stall):
-        body = _stall(finding)
-    elif isinstance(finding, UnmatchedP2P):
-        body = _unmatched(finding)
-    elif isinstance(finding, DeadRank):
-        body = _dead_rank(finding)
-    elif isinstance(finding, DuplicateData):
-        body = _duplicate(finding)
+    render = _RENDER.get(type(finding))
+    if render is not None:
+        body = render(finding)
     else:   # a kind this version does not know: the summary it came with
         body = finding.summary or f"{finding.kind}: collective #{finding.seq} on group {finding.group.get('name')}."
     text = advice(finding)
