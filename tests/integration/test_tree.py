@@ -5,6 +5,7 @@ job from vitals, as a job of thousands of ranks is judged (DETAIL_ALL_RANKS = 0)
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.queues
 import queue
 import time
 
@@ -24,7 +25,9 @@ class Hosts:
     def __init__(self, culprit=None, partner=None):
         self.ctx = multiprocessing.get_context("spawn")
         self.store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        self.out = self.ctx.Queue()
+        # One queue a host: a host killed while it writes to a queue leaves that queue's lock held
+        # (multiprocessing's own caveat), and a shared one would then silence every other host.
+        self.outs: dict[int, multiprocessing.queues.Queue] = {}
         self.hang_at, self.stop = self.ctx.Value("d", 0.0), self.ctx.Value("b", 0)
         self.t0 = time.time()
         self.culprit, self.partner = culprit, partner
@@ -35,8 +38,9 @@ class Hosts:
 
     def start(self, *indices, late=None, env=None):
         for i in indices:
+            self.outs[i] = self.ctx.Queue()
             p = self.ctx.Process(target=simhosts.run_host, daemon=True,
-                                 args=(i, RANKS, FAN, self.store.port, self.t0, self.hang_at, self.stop, self.out,
+                                 args=(i, RANKS, FAN, self.store.port, self.t0, self.hang_at, self.stop, self.outs[i],
                                        self.culprit, self.partner, 0),
                                  kwargs={"late": late, "env": env})
             p.start()
@@ -45,6 +49,7 @@ class Hosts:
     def kill(self, index):
         self.procs[index].kill()
         self.procs[index].join(10)
+        del self.outs[index]   # its queue may be left locked: what it said before is not read
 
     def hang(self):
         self.hang_at.value = time.time()
@@ -52,10 +57,18 @@ class Hosts:
     def _next(self, deadline):
         """The next message as a finding (index, kind, key, ranks), None for any other kind (kept
         in said, fresh, copied), or "timeout"."""
-        try:
-            msg = self.out.get(timeout=max(0.01, deadline - time.time()))
-        except queue.Empty:
-            return "timeout"
+        msg = None
+        while msg is None:
+            for q in list(self.outs.values()):
+                try:
+                    msg = q.get_nowait()
+                    break
+                except queue.Empty:
+                    continue
+            else:
+                if time.time() >= deadline:
+                    return "timeout"
+                time.sleep(0.01)
         if msg[0] == "said":
             self.said[msg[1]] = self.said.get(msg[1], "") + msg[2]
         elif msg[0] == "fresh":
