@@ -127,7 +127,7 @@ def _trace_round(wd, view, since_hang: float, took: float, new: list) -> None:
 
     ranks = view.snapshot["ranks"] if view is not None else {}
     full = sum(1 for e in ranks.values() if isinstance(e, dict) and tree.detailed(e))
-    last = wd._last_judged
+    last = wd._judged.last
     judged = "not judgeable" if last is None or last[2] is None else [f.kind for f in last[2]]
     if last is not None and last[1] is not None:
         ids = last[1][2]

@@ -40,6 +40,25 @@ def rejudge_after(took: float) -> float:
     return min(REJUDGE_MAX_S, max(REJUDGE_S, took / REJUDGE_SHARE))
 
 
+class Kept:
+    """An answer worked out from a large job's round, kept while what the round read is unchanged
+    (Watchdog._input_key), for rejudge_after(the CPU it cost). `last`: (when, the key, the answer,
+    its CPU seconds, what the key's ids point at: held, so that no id is reused while compared)."""
+
+    def __init__(self):
+        self.last: tuple | None = None
+
+    def get(self, key: tuple | None, now: float, work, held):
+        last = self.last
+        if key is not None and last is not None and last[1] == key and now - last[0] < rejudge_after(last[3]):
+            return last[2]
+        took = time.thread_time()
+        out = work()
+        took = time.thread_time() - took
+        self.last = (now, key, out, took, held) if key is not None else None   # a small job: every round
+        return out
+
+
 def _yield_cpu() -> None:
     """Run this thread (and the threads it starts) at a lower priority: where the ranks keep the
     cores busy the watchdog must not slow them; in a hang they wait, and the cores are its."""
@@ -91,8 +110,8 @@ class Watchdog:
         self.findings: list[Finding] = []   # every finding reported, in order
         self._states: dict[str, dict] = {}  # finding key -> its missing ranks' activity states, last said
         self._view: View | None = None
-        self._last_suspects: tuple | None = None   # (when, its input's key, the ranks, CPU s, the tables): _suspects
-        self._last_judged: tuple | None = None   # (when, its input's key, the answer, the tables, CPU s): _judge
+        self._suspected = Kept()   # build.suspects' answer on a large job (_suspects)
+        self._judged = Kept()      # the findings, or None where not judgeable yet (_judge)
         self._subscribers: list = []
         self._start_dashboard = start_dashboard
         self.dashboard = None              # COLLTRACE_DASHBOARD: its server once started (False: failed or none)
@@ -203,16 +222,8 @@ class Watchdog:
     def _suspects(self, snap: dict, summary: dict, others: list[dict], now: float) -> set[int]:
         """build.suspects of this round, on a large job kept while its input is unchanged, as
         _judge keeps its answer: at 16,384 ranks in a hang it reads every rank's records, 50 ms."""
-        key = self._input_key(summary, others)
-        last = self._last_suspects
-        if key is not None and last is not None and last[1] == key and now - last[0] < rejudge_after(last[3]):
-            return last[2]
-        took = time.thread_time()
-        out = suspects(snap, now)
-        took = time.thread_time() - took
-        # the tables themselves are held with the answer: no id in the key is reused while compared
-        self._last_suspects = (now, key, out, took, [o["ranks"] for o in others]) if key is not None else None
-        return out
+        return self._suspected.get(self._input_key(summary, others), now, lambda: suspects(snap, now),
+                                   [o["ranks"] for o in others])
 
     def _judge(self, snap: dict, summary: dict, others: list[dict], now: float) -> list[Finding] | None:
         """The findings on this round's snapshot; None where a large job cannot be judged yet (the
@@ -226,18 +237,11 @@ class Watchdog:
         where judging took longer (a hung job of 16,384 ranks: about a second), the unchanged input
         is judged again only after REJUDGE_SHARE of the time has gone to it, at most REJUDGE_MAX_S
         later: a hung job left hanging (COLLTRACE_ON_HANG=warn) does not keep the root busy."""
-        tables = [o["ranks"] for o in others]   # held with the answer: no id in the key is reused while compared
-        key = self._input_key(summary, others)
-        if key is not None:
-            last = self._last_judged
-            if last is not None and last[1] == key and now - last[0] < rejudge_after(last[4]):
-                return last[2]
-        took = time.thread_time()
-        judged = self.store.judgeable(snap)   # a large job: the ranks it asked for in full (host/tree.py)
-        findings = None if judged is None else verdict.findings_of(judged, self.settings.stall_s, now)
-        took = time.thread_time() - took
-        self._last_judged = (now, key, findings, tables, took) if key is not None else None
-        return findings
+        def judge() -> list[Finding] | None:
+            judged = self.store.judgeable(snap)   # a large job: the ranks it asked for in full (host/tree.py)
+            return None if judged is None else verdict.findings_of(judged, self.settings.stall_s, now)
+
+        return self._judged.get(self._input_key(summary, others), now, judge, [o["ranks"] for o in others])
 
     def _supersede(self, new: list[Finding], findings: list[Finding]) -> None:
         """A stall (or unmatched p2p op) reported earlier that has now turned into something
