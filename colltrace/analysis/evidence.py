@@ -15,6 +15,7 @@ F = TypeVar("F", bound=Finding)
 
 ROUTINE_SAMPLE = 8      # waiters per key sampled to tell routine calls from odd ones
 ROUTINE_WINDOW = 64     # recent records per rank searched for the same call
+QUEUED_SHOWN = 4        # calls queued behind a rank's pending one, described in its entry
 
 
 def compact_record(raw: dict | None) -> dict | None:
@@ -86,6 +87,15 @@ class Evidence:
                     e["peer"] = rec.peer
                 if rec.state in PENDING:
                     e["waited_s"] = round(self.now - rec.entered_at, 3)
+                if rec.queued:   # the CPU ran ahead: later calls on the group wait behind this one
+                    e["queued"] = [{"op": q.op, "seq": q.seq, "state": q.state, "frames": q.raw.get("frames") or []}
+                                   for q in rec.queued[-QUEUED_SHOWN:]]
+                    e["queued_count"] = len(rec.queued)
+                if rec.parked_at is not None and rec.parked_at is not rec.raw.get("frames"):
+                    e["parked"] = {"since": rec.parked, "frames": rec.parked_at}   # where it waits for it
+                e.pop("wait", None)
+                if rec.ended:
+                    e["ended"] = rec.ended   # the backend's timeout (or NCCL's abort) ended this wait
                 k = rec.key if where else None
                 if k is not None and k.waits_for_ranks and k.targets():
                     e["waiting_for"] = k.targets()
@@ -137,6 +147,10 @@ class Evidence:
         for key in ("last",):
             if isinstance(e.get(key), dict) and "frames" in e[key]:
                 e[key] = dict(e[key], frames=self.annotated_frames(v, e[key]["frames"]))
+        if isinstance(e.get("parked"), dict):
+            e["parked"] = dict(e["parked"], frames=self.annotated_frames(v, e["parked"].get("frames")))
+        if isinstance(e.get("queued"), list):
+            e["queued"] = [dict(q, frames=self.annotated_frames(v, q.get("frames"))) for q in e["queued"]]
         if isinstance(e.get("in_flight"), list):
             e["in_flight"] = [dict(x, frames=self.annotated_frames(v, x.get("frames"))) if isinstance(x, dict) else x
                               for x in e["in_flight"]]

@@ -19,7 +19,7 @@ from colltrace.analysis.view import Rec, RankView, Snapshot
 from colltrace.analysis.waitgraph import Key, WaitGraph, coll_name
 from colltrace.model.finding import Deadlock, DeadRank, DuplicateData, Finding, Stall, UnmatchedP2P
 from colltrace.model.finding import Mismatch as MismatchFinding   # matching.Mismatch is the facts it is made of
-from colltrace.model.schema import ALIVE, EXITED
+from colltrace.model.schema import ALIVE, EXITED, WAITING
 
 MAX_ALSO_MISSING = 64   # other absent members described in a dead_rank finding (all are listed)
 MISMATCH_SETTLE_S = 0.3  # a mismatch waits this long after the last arrival for members still coming
@@ -175,7 +175,7 @@ class Verdicts:
                     k = g.key_at(v)
                     if k.mismatch:
                         here = True
-                    elif downstream is None and g.age(k) >= self.stall_s:
+                    elif downstream is None and (g.age(k) >= self.stall_s or k.ended) and self._hung(k):
                         here = True
                         stall_roots.append(k)
                 else:
@@ -206,6 +206,21 @@ class Verdicts:
                 self.extra_behind.setdefault(explained_by, set()).update(w.rank for w in k.waiters)
         stall_roots = kept
         return deadlocks, dead_causes, stall_roots
+
+    def _hung(self, k: Key) -> bool:
+        """A collective every member entered is hung itself only while a rank is stuck behind
+        it: in it or parked on it, or idle since (NCCL: parked in an untraced sync) for the
+        threshold. Work whose ranks all moved on, or whose completion nothing reports (a
+        functional collective never waited on), is not a hang. One that waits for ranks is."""
+        if k.p2p or k.targets():
+            return True
+        for w in k.waiters:
+            if w.state == WAITING or w.parked is not None:
+                return True
+            v = self.snap.ranks.get(w.rank)
+            if v is not None and not w.unobserved and (v.dead or self.now - v.last_active >= self.stall_s):
+                return True
+        return False
 
     # -- pieces of a finding ---------------------------------------------------------------------
 
@@ -384,7 +399,8 @@ class Verdicts:
                 "reason": marks[primary.name] if marks[primary.name] in ("left", "new") else "odd_call"}
         f = self.ev.base(Deadlock, "deadlock:" + ",".join(sorted(k.name for k in keys)), primary.group,
                          primary.seq, primary.targets(), ranks, cycle=cycle,
-                         waited_s=round(self.now - min(k.first_entered for k in keys), 3), look_first=look)
+                         waited_s=round((max(k.ended_at for k in keys) or self.now) - min(k.first_entered for k in keys), 3),
+                         look_first=look)
         return f, list(comp), own
 
     def _stall(self, k: Key):

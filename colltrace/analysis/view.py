@@ -9,11 +9,12 @@ from __future__ import annotations
 import bisect
 import contextlib
 import gc
+import re
 from typing import Any
 
 from colltrace import origins
 from colltrace.model import schema
-from colltrace.model.schema import COMPLETED, DEAD, EXITED, FAILED, PENDING, UNREADABLE, WAITING
+from colltrace.model.schema import COMPLETED, DEAD, EXITED, FAILED, IN_FLIGHT, PENDING, UNREADABLE, WAITING
 
 PENDING_OR_FAILED = PENDING | {FAILED}
 # What the backend runs for a p2p op -> what the peer must post to match it.
@@ -133,7 +134,7 @@ class Rec:
     """One pending record, validated. `raw` is the snapshot's own dict (shared, not copied)."""
 
     __slots__ = ("raw", "rank", "id", "group", "seq", "op", "backend_op", "p2p", "peer", "state",
-                 "entered_at", "thread", "key")
+                 "entered_at", "thread", "key", "parked", "parked_at", "queued", "unobserved", "ended")
 
     def __init__(self, rank: int, raw: dict):
         self.raw = raw
@@ -162,6 +163,20 @@ class Rec:
         th = raw.get("thread")
         self.thread = th if type(th) is str else str(th or "")
         self.key: Any = None  # the wait graph's Key this record waits in (analysis/waitgraph.py)
+        # Since when the rank is parked behind it: a thread waits on it (Work.wait, wait_tensor),
+        # or on a later call on its group, which cannot finish first (NCCL runs a group's work in
+        # order); None: it may still be running ahead.
+        w = raw.get("wait")
+        since = w.get("since") if type(w) is dict else None
+        self.parked: float | None = float(since) if isinstance(since, (int, float)) and not isinstance(since, bool) else None
+        self.parked_at: list | None = w.get("frames") if self.parked is not None and type(w) is dict else None   # where
+        if self.parked is None and self.state == IN_FLIGHT and raw.get("returned_at") is None:
+            # an async call that has not returned: the rank is inside it (a communicator's lazy
+            # set-up waits for every member; gloo connects a group at its first call)
+            self.parked = self.entered_at
+        self.queued: list[Rec] = []   # later calls on its group, queued behind it
+        self.unobserved = raw.get("unobserved") is True   # nothing reports its completion
+        self.ended: str | None = None  # the backend ended its wait: "timeout" | "abort"
 
     @property
     def per_pair_seq(self) -> bool:
@@ -172,10 +187,12 @@ class Rec:
 class RankView:
     """One readable rank: its status, its current pending records and lazy lookups."""
 
-    def __init__(self, rank: int, entry):
+    def __init__(self, rank: int, entry, timeouts: dict[str, float] | None = None):
+        """timeouts: each group's collective timeout, where the snapshot knows it."""
         if not isinstance(entry, dict):
             raise Unreadable("entry is not a table")
         self.rank = rank
+        self.timeouts = timeouts or {}
         self.entry = entry
         self.status = str(entry.get("status") or "unknown")
         self.host = entry.get("host")
@@ -218,8 +235,20 @@ class RankView:
         except (KeyError, TypeError):
             chosen = [r for r in recs if type(r) is dict and r.get("state") != COMPLETED]
         chosen = [self._pending_record(r) for r in chosen if r.get("state") in PENDING_OR_FAILED] if chosen else chosen
-        self.pending = self._current_pending([Rec(rank, r) for r in chosen if r["state"] != FAILED])
         self.failed = [r for r in chosen if r["state"] == FAILED]
+        # The backend ended its last wait (a timeout; NCCL's watchdog abort): the rank's ending is
+        # the hang's consequence, and what it waited in is where the hang is.
+        self.ended_by: str | None = None
+        ended = self._ended_waits(self.failed)
+        if ended:
+            gone = {id(r.raw) for r in ended}
+            self.failed = [r for r in self.failed if id(r) not in gone]
+        live = [Rec(rank, r) for r in chosen if r["state"] != FAILED]
+        self.pending = self._current_pending(live, ended)
+        if not self.ended_by and self.fatal_abort(self.pending):
+            self.ended_by = "abort"
+            for r in self.pending:
+                r.ended = "abort"
         self.classify(teardown=False)
 
     def _checked(self, raw) -> dict | None:
@@ -247,16 +276,58 @@ class RankView:
         """Set what its death means. A rank killed from outside (no fatal signal of its own) as
         part of a teardown (the job killed by the scheduler, torchrun ending the others after a
         failure, COLLTRACE_ON_HANG=abort) keeps its last state: it was waiting when it died, and
-        that wait still tells the story. A rank that crashed, exited, or was killed alone while
-        the job lives is a sink (it will never enter anything again) and a cause of its own."""
+        that wait still tells the story; so does a rank the backend ended in a wait (its timeout,
+        NCCL's watchdog abort). A rank that crashed, exited, or was killed alone while the job
+        lives is a sink (it will never enter anything again) and a cause of its own."""
         killed = self.status == DEAD and not self.fatal
-        self.teardown = killed and teardown
+        self.teardown = (killed and teardown) or (self.dead and self.ended_by is not None)
         self.frozen = self.teardown and bool(self.pending)
         self.sink = self.dead and not self.frozen
         self.cause = self.dead and not self.teardown       # worth a dead_rank finding when waited for
-        self.alone = self.fatal or (killed and not teardown)  # worth one even if nobody waits
+        self.alone = (self.fatal and not self.teardown) or (killed and not teardown)  # worth one even if nobody waits
 
-    def _current_pending(self, pend: list[Rec]) -> list[Rec]:
+    def _ended_waits(self, failed: list[dict]) -> list[Rec]:
+        """The calls the backend ended by its timeout (gloo's "Timed out waiting", NCCL's
+        watchdog) after the rank's last entry: what the rank was still waiting in when the
+        backend gave up. They stand as waits (the post-mortem judges the hang they were), not
+        as failures of their own; an error of another kind (a peer gone) stays a failure."""
+        out = [r for r in failed if timed_out(r.get("error"))]
+        if not out:
+            return []
+        last = max((_time_or_none(r.get("entered_at")) or 0.0 for r in self.records), default=0.0)
+        out = [r for r in out if (_time_or_none(r.get("failed_at")) or _time_or_none(r.get("returned_at")) or 0.0) >= last]
+        recs = []
+        for raw in out:
+            rec = Rec(self.rank, raw)
+            rec.state = WAITING
+            rec.ended = "timeout"
+            recs.append(rec)
+        if recs:
+            self.ended_by = "timeout"
+        return recs
+
+    def fatal_abort(self, pending: list[Rec]) -> bool:
+        """Died of SIGABRT in a wait as long as its group's timeout: NCCL's watchdog ending the
+        wait (TORCH_NCCL_ASYNC_ERROR_HANDLING's default), not a crash of its own."""
+        if not (self.fatal and (self.exit or {}).get("signal") == "SIGABRT" and pending and self.died_at is not None):
+            return False
+        timeouts = self.timeouts
+        for r in pending:
+            t = timeouts.get(r.group)
+            if t is not None and self.died_at - r.entered_at >= t - ABORT_SLACK_S:
+                return True
+        return False
+
+    def ended_at(self, r: Rec) -> float:
+        """When the backend ended the wait in r: its failure, else the rank's death."""
+        t = _time_or_none(r.raw.get("failed_at")) if r.ended == "timeout" else None
+        return t if t is not None else (self.died_at or r.entered_at)
+
+    def _current_pending(self, pend: list[Rec], ended: list[Rec] | None = None) -> list[Rec]:
+        out = self._open(pend) + (ended or [])
+        return _queue(out) if len(out) > 1 else out
+
+    def _open(self, pend: list[Rec]) -> list[Rec]:
         if not pend:
             return pend
         waiting = [r for r in pend if r.state == WAITING]
@@ -270,10 +341,7 @@ class RankView:
             keep = set(map(id, latest.values()))
             pend = [r for r in pend if r.state != WAITING or id(r) in keep]
         # its group completed this number or a later one: done, whatever the record says
-        out = [r for r in pend if r.p2p or r.seq > self.completed(r.group)]
-        if len(out) > 1:
-            out.sort(key=lambda r: (r.entered_at, _id(r)))
-        return out
+        return [r for r in pend if r.p2p or r.seq > self.completed(r.group)]
 
     # -- lazy lookups -------------------------------------------------------------------------
     def completed(self, group: str) -> int:
@@ -393,6 +461,47 @@ def _id(r: Rec):
     return r.id if isinstance(r.id, int) else 0
 
 
+def _queue(pend: list[Rec]) -> list[Rec]:
+    """Per group, the oldest collective not done is the one pending; later ones on the group are
+    queued behind it (NCCL runs a group's work in order: after the CPU ran ahead they cannot
+    finish first), never pending of their own. A rank parked in a later one (a blocking call, a
+    wait) is parked behind the oldest: it cannot pass it. p2p ops keep their own entries."""
+    heads: dict[str, Rec] = {}
+    for r in pend:
+        if not r.p2p:
+            h = heads.get(r.group)
+            if h is None or (r.seq, r.entered_at) < (h.seq, h.entered_at):
+                heads[r.group] = r
+    out = []
+    for r in pend:
+        h = heads.get(r.group) if not r.p2p else None
+        if h is None or h is r:
+            out.append(r)
+            continue
+        h.queued.append(r)
+        since = r.entered_at if r.state == WAITING else r.parked
+        if since is not None and h.state != WAITING and (h.parked is None or since < h.parked):
+            h.parked = since
+            h.parked_at = r.raw.get("frames") if r.state == WAITING else r.parked_at
+    for h in heads.values():
+        if len(h.queued) > 1:
+            h.queued.sort(key=lambda r: (r.seq, _id(r)))
+    out.sort(key=lambda r: (r.entered_at, _id(r)))
+    return out
+
+
+# What the backend says when it gave up waiting: gloo ("Timed out waiting 8000ms", and "Application
+# timeout caused pair closure" on the pair's other calls), NCCL ("Watchdog caught collective operation
+# timeout", "NCCL communicator was aborted"). A peer gone ("Connection closed by peer") is not one.
+_TIMED_OUT = re.compile(r"timed? ?out|timeout|watchdog|communicator was aborted|aborted by", re.IGNORECASE)
+ABORT_SLACK_S = 1.0   # NCCL's watchdog polls: it aborts a little after the timeout, never before
+
+
+def timed_out(error) -> bool:
+    """Whether a failed call's reason is the backend's timeout (or the abort that follows it)."""
+    return isinstance(error, str) and _TIMED_OUT.search(error) is not None
+
+
 def _frames(x) -> list | None:
     if not isinstance(x, list):
         return None
@@ -404,6 +513,11 @@ class Snapshot:
 
     def __init__(self, snap: schema.Snapshot):
         snap = snap if isinstance(snap, dict) else {}
+        raw_groups = snap.get("groups")
+        raw_groups = raw_groups if isinstance(raw_groups, dict) else {}
+        timeouts = {str(name): float(g["timeout_s"]) for name, g in raw_groups.items()
+                    if isinstance(g, dict) and isinstance(g.get("timeout_s"), (int, float))
+                    and not isinstance(g.get("timeout_s"), bool)}
         raw_ranks = snap.get("ranks")
         raw_ranks = raw_ranks if isinstance(raw_ranks, dict) else {}
         self.ranks: dict[int, RankView] = {}
@@ -417,7 +531,7 @@ class Snapshot:
                 except Exception:
                     continue  # no rank number at all: nothing to attach it to
             try:
-                self.ranks[rank] = RankView(rank, entry)
+                self.ranks[rank] = RankView(rank, entry, timeouts)
             except Unreadable as exc:
                 self.unreadable[rank] = str(exc)
             except Exception as exc:  # a malformed field: this rank only
@@ -426,8 +540,7 @@ class Snapshot:
         self.unreadable = dict(sorted(self.unreadable.items()))
         self._classify_deaths()
         self.groups: dict[str, dict] = {}
-        raw_groups = snap.get("groups")
-        for name, g in (raw_groups.items() if isinstance(raw_groups, dict) else ()):
+        for name, g in raw_groups.items():
             try:
                 members = sorted({to_int(r) for r in g["ranks"]})
                 self.groups[str(name)] = {"name": str(g.get("name", name)), "desc": str(g.get("desc") or ""),

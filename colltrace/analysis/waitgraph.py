@@ -24,7 +24,7 @@ class Key:
     """One collective (group, seq) that some ranks are pending in, or one pending p2p op."""
 
     __slots__ = ("name", "group", "seq", "p2p", "waiters", "missing", "unknown", "died_inside", "status", "posted",
-                 "node", "first_entered", "ready_at", "mismatch")
+                 "node", "first_entered", "ready_at", "mismatch", "ended", "ended_at")
 
     def __init__(self, name: str, group: str, seq: int, p2p: bool):
         self.name = name
@@ -41,6 +41,8 @@ class Key:
         self.first_entered = 0.0
         self.ready_at = 0.0             # a collective every member entered: when the last one did
         self.mismatch: str | None = None
+        self.ended: str | None = None   # the backend ended its waiters' wait: "timeout" | "abort"
+        self.ended_at = 0.0              # ... when it did (the last waiter's failure or death)
 
     @property
     def waits_for_ranks(self) -> bool:
@@ -90,6 +92,9 @@ class WaitGraph:
                         k = coll[ck] = Key(coll_name(r.group, r.seq), r.group, r.seq, False)
                 k.waiters.append(r)
                 r.key = k
+                if r.ended:
+                    k.ended = r.ended
+                    k.ended_at = max(k.ended_at, view.ended_at(r))
         for k in coll.values():
             missing, unknown = snap.missing(k.group, k.seq)
             if missing or unknown:
@@ -137,13 +142,15 @@ class WaitGraph:
         """How long k has waited: for ranks that never came, since the first entered; for a
         collective every member entered, since the last did (a slow rank arriving late does not
         make the others' completion look hung)."""
-        return self.now - (k.ready_at or k.first_entered)
+        return (k.ended_at or self.now) - (k.ready_at or k.first_entered)
 
     def blocking_keys(self, view) -> list[Key]:
         """The keys a rank cannot proceed without.
 
-        A blocking call that has not returned ("waiting") blocks it. Async work ("in_flight")
-        that waits for ranks blocks it only when the rank is evidently stuck behind it: its
+        A blocking call that has not returned ("waiting") blocks it, and so does async work the
+        rank is parked on (a wait on it, or a blocking call queued behind it on its group).
+        Other async work ("in_flight") that waits for ranks blocks it only when the rank is
+        evidently stuck behind it: its
         blocking call waits on no rank (it waits for earlier work to finish), or it issued
         nothing for stall_s (on NCCL even blocking collectives return at once and the rank
         then blocks in a sync)."""
@@ -151,10 +158,18 @@ class WaitGraph:
         waiting: list = []
         flight: list = []
         for r in view.pending:
-            if r.entered_at <= settled:
-                (waiting if r.state == WAITING else flight).append(r.key)
+            if r.state == WAITING:
+                if r.entered_at <= settled:
+                    waiting.append(r.key)
+            elif r.parked is not None:
+                # parked: a thread waits on it, or on a call queued behind it
+                if r.parked <= settled:
+                    waiting.append(r.key)
+            elif r.entered_at <= settled and not r.unobserved:
+                flight.append(r.key)
         # Async work counts only where it waits for ranks: an op every member entered does not
-        # say whom the rank waits for, and must not make an idle rank look blocked by it.
+        # say whom the rank waits for, and must not make an idle rank look blocked by it. Nor does
+        # work whose completion nothing reports (a functional collective), unless waited on.
         flight = [k for k in flight if k.waits_for_ranks]
         if waiting:
             for k in waiting:

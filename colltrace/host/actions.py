@@ -128,8 +128,9 @@ def missing_states(finding: Finding) -> dict:
 
 def act_on(finding: Finding, on_hang: str, abort_stall_s: float = 0.0) -> tuple[bool, str]:
     """Whether COLLTRACE_ON_HANG acts on this finding now, and why. warn and dump act on every
-    hang; abort acts on certain ones (mismatch, deadlock, dead rank, a collective every member
-    entered) at once, and on a stall only when every rank it waits for is frozen (none moves, none
+    hang; abort acts on certain ones (mismatch, deadlock, dead rank) at once; on a collective every
+    member entered that does not complete only past COLLTRACE_ABORT_STALL_S (nothing makes that
+    certain); and on a stall only when every rank it waits for is frozen (none moves, none
     waits for I/O), or once it has lasted COLLTRACE_ABORT_STALL_S (when set). A rank that cannot
     be observed at all (another host without a watchdog, no trace) counts as frozen, as before.
     A rank that died at interpreter exit, after its program finished, is reported and never acted
@@ -139,6 +140,12 @@ def act_on(finding: Finding, on_hang: str, abort_stall_s: float = 0.0) -> tuple[
     if isinstance(finding, DeadRank) and (finding.exit or {}).get("at_exit") and not finding.waiting \
             and not finding.failed:
         return False, kind   # it died as its interpreter ended, its program done: no one is kept waiting
+    if on_hang == "abort" and isinstance(finding, Stall) and finding.stage == "completion":
+        # Every member entered and it has not completed: slow GPU work queued ahead, a first call's
+        # set-up, or a real hang; nothing makes it certain. Ended only past COLLTRACE_ABORT_STALL_S.
+        if abort_stall_s and finding.waited_s >= abort_stall_s:
+            return True, f"{kind} for {finding.waited_s:.0f} s >= COLLTRACE_ABORT_STALL_S"
+        return False, kind
     states = missing_states(finding)
     if on_hang != "abort" or not states:
         return True, kind

@@ -100,7 +100,9 @@ def groups_of(tables) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for table in tables:
         for g in table.values():
-            out.setdefault(g["name"], {"name": g["name"], "desc": g["desc"], "ranks": g["ranks"]})
+            have = out.setdefault(g["name"], {"name": g["name"], "desc": g["desc"], "ranks": g["ranks"]})
+            if "timeout_s" in g and "timeout_s" not in have:
+                have["timeout_s"] = g["timeout_s"]   # the backend's: its abort ends a wait this long
     return out
 
 

@@ -37,10 +37,14 @@ class Frame(TypedDict, total=False):
     package: str
 
 
-class Group(TypedDict):
+class _GroupBase(TypedDict):
     name: str          # the same on every rank
     desc: str
     ranks: list        # global ranks
+
+
+class Group(_GroupBase, total=False):
+    timeout_s: float   # the backend's collective timeout: its abort ends a wait this long
 
 
 class Record(TypedDict, total=False):
@@ -60,6 +64,10 @@ class Record(TypedDict, total=False):
     shapes: list
     dtypes: list
     frames: list
+    failed_at: float   # FAILED: when the call raised or its work ended in an error or a timeout
+    error: str         # FAILED: the reason, as the backend said it
+    unobserved: bool   # nothing reports its completion (a functional collective)
+    wait: dict         # a thread parks for it: {"since", "frames" (where it waits), "thread"}
 
 
 class RankEntry(TypedDict, total=False):

@@ -98,7 +98,7 @@ COLLTRACE_READS(DECLARE_READ)
 
 static PyObject *s_compiling_flag, *s_default_pg,
     *s_shape, *s_dtype, *s_is_cuda, *s_torch_cuda, *s_cuda_initialized, *s_default_pg_field, *s_group, *s_op, *s_async_op, *s_torch_compiler,
-    *s_name, *s_input_tensors, *s_output_tensors, *s_op_id, *s_work, *s_is_completed;
+    *s_name, *s_input_tensors, *s_output_tensors, *s_op_id, *s_work, *s_is_completed, *s_get_future, *s_value;
 
 /* Stacks this path has met, by a hash of (code, instruction offset) per frame: a hit needs no
  * Python object. Direct-mapped, a cache of the recorder's own table (rec._stacks), which keeps every
@@ -1518,18 +1518,20 @@ static PyTypeObject PlanType = {
     .tp_members = Plan_members,
 };
 
-/* drain(pending, final, serial, mm, slots, work_type, done): Recorder._drain_pending's loop. Each
- * (rec, gid, seq, waitable) whose waitable is finished gets its COMPLETE slot; the others come back
- * (none when final). A waitable of type work_type (c10d's Work) is asked is_completed() here, any
- * other is judged by done(waitable) (a CUDA event, a list of works); a failed one is finished. */
+/* drain(pending, final, serial, mm, slots, work_type, done, failed): Recorder._drain_pending's loop.
+ * Each (rec, gid, seq, waitable) whose waitable is finished gets its COMPLETE slot; the others come
+ * back (none when final). A waitable of type work_type (c10d's Work) is asked is_completed() here,
+ * then its future's value() (which raises its error: exception() warns of its deprecation); any other is judged by done(waitable) (a CUDA event, a list of works): true,
+ * false, or a string, the reason it failed. A work that ended in an error or a timeout is not
+ * complete: (item, reason) goes to `failed`, whose FAIL slots the caller writes with the reason. */
 static PyObject *drain(PyObject *self, PyObject *args)
 {
-    PyObject *pending, *work_type, *done_fn;
+    PyObject *pending, *work_type, *done_fn, *failed;
     int final;
     Parts r;
     memset(&r, 0, sizeof(r));
-    if (!PyArg_ParseTuple(args, "O!pOOLOO:drain", &PyList_Type, &pending, &final, &r.serial, &r.mm, &r.slots,
-                          &work_type, &done_fn))
+    if (!PyArg_ParseTuple(args, "O!pOOLOOO!:drain", &PyList_Type, &pending, &final, &r.serial, &r.mm, &r.slots,
+                          &work_type, &done_fn, &PyList_Type, &failed))
         return NULL;
     if (r.slots <= 0) {
         PyErr_SetString(PyExc_ValueError, "drain: no slots");
@@ -1546,20 +1548,52 @@ static PyObject *drain(PyObject *self, PyObject *args)
         }
         PyObject *w = PyTuple_GET_ITEM(item, 3);
         Py_INCREF(item);   /* the list is ours, but a call below may run any Python */
-        PyObject *v = (PyObject *)Py_TYPE(w) == work_type ? PyObject_CallMethodNoArgs(w, s_is_completed)
-                                                          : PyObject_CallOneArg(done_fn, w);
-        int done = v == NULL ? -1 : PyObject_IsTrue(v);
-        Py_XDECREF(v);
-        if (done < 0) {   /* a failed work is finished too; its error reaches the program itself */
+        int is_work = (PyObject *)Py_TYPE(w) == work_type;
+        PyObject *v = is_work ? PyObject_CallMethodNoArgs(w, s_is_completed) : PyObject_CallOneArg(done_fn, w);
+        PyObject *why = NULL;   /* the reason it failed: it is finished, not complete */
+        int done;
+        if (v != NULL && PyUnicode_Check(v)) {
+            why = v;
+            v = NULL;
+            done = 1;
+        } else {
+            done = v == NULL ? -1 : PyObject_IsTrue(v);
+            Py_XDECREF(v);
+        }
+        if (done > 0 && is_work) {   /* finished: in an error or a timeout? its future's value() raises then */
+            PyObject *fut = PyObject_CallMethodNoArgs(w, s_get_future);
+            PyObject *val = fut != NULL ? PyObject_CallMethodNoArgs(fut, s_value) : NULL;
+            if (val == NULL && fut == NULL)
+                PyErr_Clear();   /* a backend without futures: finished, as before */
+            else if (val == NULL)
+                done = -1;       /* it failed: the reason is the error raised, below */
+            Py_XDECREF(val);
+            Py_XDECREF(fut);
+        }
+        if (done < 0) {   /* asking it failed: it failed, with that reason */
             if (!PyErr_ExceptionMatches(PyExc_Exception)) {
                 Py_DECREF(item);
                 goto fail;
             }
-            PyErr_Clear();
+            PyObject *et, *ev, *tb;
+            PyErr_Fetch(&et, &ev, &tb);
+            why = ev != NULL ? PyObject_Str(ev) : PyUnicode_FromString("unknown error");
+            Py_XDECREF(et);
+            Py_XDECREF(ev);
+            Py_XDECREF(tb);
+            if (why == NULL) {
+                Py_DECREF(item);
+                goto fail;
+            }
             done = 1;
         }
         int rc = 0;
-        if (done) {
+        if (why != NULL) {
+            PyObject *pair = PyTuple_Pack(2, item, why);
+            Py_DECREF(why);
+            rc = pair == NULL ? -1 : PyList_Append(failed, pair);
+            Py_XDECREF(pair);
+        } else if (done) {
             long long rec = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 0)), gid = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 1)),
                       seq = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 2));
             if (PyErr_Occurred()) {
@@ -1625,6 +1659,7 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     INTERN(s_group, "group"); INTERN(s_op, "op"); INTERN(s_async_op, "async_op");
     INTERN(s_name, "name"); INTERN(s_input_tensors, "input_tensors"); INTERN(s_output_tensors, "output_tensors");
     INTERN(s_op_id, "op_id"); INTERN(s_work, "work"); INTERN(s_is_completed, "is_completed");
+    INTERN(s_get_future, "get_future"); INTERN(s_value, "value");
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;

@@ -115,6 +115,21 @@ def describe_group(pg):
     return name, group_attr(pg, "group_desc"), ranks, backend, get_seq
 
 
+def group_timeout(pg) -> float | None:
+    """The group's collective timeout in seconds, as its backend holds it (gloo and NCCL keep it
+    in their options); None where it cannot be read. Read once, as the group is first seen: it
+    tells a post-mortem that a rank's abort was the backend's timeout ending a wait."""
+    import torch
+
+    for dev in ("cpu", "cuda"):
+        try:
+            t = pg._get_backend(torch.device(dev)).options._timeout
+            return float(t.total_seconds())
+        except Exception:
+            continue
+    return None
+
+
 def to_global(gs, group_rank):
     try:
         return gs.ranks[group_rank]

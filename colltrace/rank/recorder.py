@@ -17,10 +17,11 @@ import time
 import traceback
 import weakref
 
-from colltrace.rank import fastpath, flightrecorder, sampler
+from colltrace.rank import calls, fastpath, flightrecorder, sampler
 from colltrace import origins
 from colltrace.tracefile import asks, ringfile, storage
-from colltrace.tracefile.ringfile import COMPLETE, ENTER, F_DONE, F_P2P, FAIL, RETURN, UNTRACED
+from colltrace.tracefile.ringfile import (COMPLETE, ENTER, F_DONE, F_P2P, F_UNOBSERVED, FAIL, RETURN, UNTRACED,
+                                         WAIT, WAITED)
 
 _time = time.time
 _getframe = sys._getframe
@@ -47,13 +48,36 @@ def _line_of(code, lasti: int) -> int:
     return line if line is not None else code.co_firstlineno
 
 
-def _waitable_done(w) -> bool:
-    """Whether a waitable the poller holds (a Work, a CUDA event, a coalesced block's works) is
-    finished; a failed one is: its error reaches the program itself."""
+def _work_done(w) -> bool | str:
+    """A c10d Work: finished (True), not yet (False), or the reason it failed: a work that ended
+    in an error or a timeout is finished but not complete. Its future's value() raises its error
+    (Work.exception() would print a deprecation warning into the program's output)."""
+    if not w.is_completed():
+        return False
     try:
-        return w.query() if hasattr(w, "query") else all(x.is_completed() for x in w) if isinstance(w, (list, tuple)) else w.is_completed()
+        fut = w.get_future()
     except Exception:
-        return True
+        return True   # a backend without futures: finished, as far as can be told
+    try:
+        fut.value()
+    except Exception as exc:
+        return str(exc) or type(exc).__name__
+    return True
+
+
+def _waitable_done(w) -> bool | str:
+    """Whether a waitable the poller holds (a Work, a CUDA event, a coalesced block's works) is
+    finished: True, False, or the reason it failed (asking it raised, or a work failed)."""
+    try:
+        if hasattr(w, "query"):
+            return bool(w.query())
+        if isinstance(w, (list, tuple)):
+            states = [_work_done(x) for x in w]
+            failed = [x for x in states if isinstance(x, str)]
+            return failed[0] if failed else all(states)
+        return _work_done(w)
+    except Exception as exc:
+        return str(exc) or type(exc).__name__
 
 
 _work_types: list = []
@@ -130,8 +154,12 @@ class Recorder:
         self._untraced_groups = weakref.WeakSet()   # groups that could not be described
         self._group_ids = itertools.count(1)
         self._rec_ids = fastpath.counter(1, settings)
-        self._pending: list = []        # (rec_id, waitable) polled for completion off the hot path
+        self._pending: list = []        # (rec_id, gid, seq, waitable) polled for completion off the hot path
+        self._draining: list = []       # the items the poller is asking right now (a waiter looks there too)
         self._pending_lock = threading.Lock()
+        # id(output tensor) -> (weakref, rec_id, gid, seq): a functional collective's result, whose
+        # wait_tensor() is the one sign of its completion (there is no Work to poll)
+        self._unobserved: dict = {}
         self._drain = fastpath.drainer(settings)   # the compiled drain loop, or None: the Python one
         self._event_factory = event_factory
         self._stop = threading.Event()
@@ -348,7 +376,11 @@ class Recorder:
                 return None
             ref = weakref.ref(pg, lambda _, key=key, groups=self.groups: groups.pop(key, None))
             gs = GroupState(next(self._group_ids), ref, name, ranks, backend, get_seq)
-            self.defs.write({"k": "group", "id": gs.id, "name": name, "desc": desc, "ranks": ranks, "backend": backend})
+            group_line = {"k": "group", "id": gs.id, "name": name, "desc": desc, "ranks": ranks, "backend": backend}
+            timeout = calls.group_timeout(pg)
+            if timeout is not None:
+                group_line["timeout_s"] = timeout
+            self.defs.write(group_line)
             if get_seq is None:
                 self.defs.write({"k": "note", "t": _time(), "text": f"group {name} ({backend or type(pg).__name__}) "
                                  "keeps no sequence numbers: numbered by the calls colltrace saw"})
@@ -374,7 +406,7 @@ class Recorder:
         self.ring.write(ENTER, flags, gs.id, sig, self.stack_id(frame), tid, digest, seq, peer, _time(), rec)
         return rec, gs, before, seq, flags
 
-    def exit(self, ctx, done: bool, waitable=None):
+    def exit(self, ctx, done: bool, waitable=None, unobserved: bool = False):
         rec, gs, before, seq, flags = ctx
         after = gs.get_seq() if gs.get_seq is not None else before + 1
         steps = after - before
@@ -384,7 +416,8 @@ class Recorder:
         else:
             seq_end = seq + max(steps, 1) - 1
         gs.last_after = after
-        self.ring.write(RETURN, flags | (F_DONE if done else 0), gs.id, 0, 0, 0, 0, seq, seq_end, _time(), rec)
+        self.ring.write(RETURN, flags | (F_DONE if done else 0) | (F_UNOBSERVED if unobserved else 0), gs.id, 0, 0, 0, 0,
+                        seq, seq_end, _time(), rec)
         if waitable is not None:
             with self._pending_lock:
                 self._pending.append((rec, gs.id, seq, waitable))
@@ -395,8 +428,61 @@ class Recorder:
             gs.last_after = gs.get_seq() if gs.get_seq is not None else before + 1
         except Exception:
             pass
-        self.ring.write(FAIL, flags, gs.id, 0, 0, 0, 0, seq, 0, _time(), rec)
-        self.defs.write({"k": "error", "rec": rec, "t": _time(), "type": type(exc).__name__, "message": str(exc)[:2000]})
+        self._failed(rec, gs.id, seq, type(exc).__name__, str(exc), flags)
+
+    def _failed(self, rec: int, gid: int, seq: int, etype: str, message: str, flags: int = 0) -> None:
+        """A FAIL slot and its reason: the call raised, or its work ended in an error or a timeout.
+        The reason first: a reader that sees the slot has read the definitions written before it."""
+        self.defs.write({"k": "error", "rec": rec, "t": _time(), "type": etype, "message": message[:2000]})
+        self.ring.write(FAIL, flags, gid, 0, 0, 0, 0, seq, 0, _time(), rec)
+
+    # ---- what the program waits for --------------------------------------------------------
+    def unobserved(self, ctx, outputs) -> None:
+        """RETURN of a call whose completion nothing reports (a functional collective): its output
+        tensors are remembered, and waiting on one of them (waiting_on) tells when it is done."""
+        rec, gs, before, seq, flags = ctx
+        self.exit(ctx, done=False, unobserved=True)
+        table = self._unobserved
+        for t in outputs:
+            key = id(t)
+            try:
+                ref = weakref.ref(t, lambda _, key=key, table=table: table.pop(key, None))
+            except TypeError:
+                continue
+            table[key] = (ref, rec, gs.id, seq)
+
+    def pending_for(self, waitable):
+        """(rec_id, gid, seq) of the traced call whose Work or output tensor this is, if it has not
+        completed yet; None otherwise (untraced, or already done)."""
+        item = self._unobserved.get(id(waitable))
+        if item is not None and item[0]() is waitable:
+            return item[1:]
+        for items in (self._pending, self._draining):
+            for it in items:
+                if it[3] is waitable:
+                    return it[:3]
+        return None
+
+    def wait_begins(self, pending, frame) -> None:
+        """A WAIT slot: this thread parks on that call (Work.wait, wait_tensor) at `frame`."""
+        rec, gid, seq = pending
+        tid = self._threads.get(threading.get_ident()) or self.thread_id()
+        self.ring.write(WAIT, 0, gid, 0, self.stack_id(frame), tid, 0, seq, 0, _time(), rec)
+
+    def wait_ends(self, pending, waitable, exc: BaseException | None, complete: bool) -> None:
+        """The wait returned (complete: the call is done, as a CPU wait_tensor says) or raised
+        (the call failed: its reason kept, never "completed")."""
+        rec, gid, seq = pending
+        tid = self._threads.get(threading.get_ident()) or self.thread_id()
+        if exc is not None:
+            with self._pending_lock:
+                self._pending = [it for it in self._pending if it[3] is not waitable]
+            self._failed(rec, gid, seq, type(exc).__name__, str(exc))
+        elif complete:
+            self.ring.write(COMPLETE, 0, gid, 0, 0, 0, 0, seq, 0, _time(), rec)
+        if exc is not None or complete:
+            self._unobserved.pop(id(waitable), None)
+        self.ring.write(WAITED, 0, gid, 0, 0, tid, 0, seq, 0, _time(), rec)
 
     # ---- completion poller (off the hot path) -----------------------------------------
     def _poll_loop(self):
@@ -420,20 +506,28 @@ class Recorder:
             return
         with self._pending_lock:
             pending, self._pending = self._pending, []
+            self._draining = pending
+        failed: list = []   # (item, reason): ended in an error or a timeout, written FAIL below
         if self._drain is not None:   # the compiled loop (fastpath.drainer): the same slots
             ring = self.ring
-            keep = self._drain(pending, final, ring._serial, ring._mm, ring.slots, _work_type(), _waitable_done)
+            keep = self._drain(pending, final, ring._serial, ring._mm, ring.slots, _work_type(), _waitable_done, failed)
         else:
             keep = []
             for item in pending:
                 rec, gid, seq, w = item
-                if _waitable_done(w):
+                done = _waitable_done(w)
+                if isinstance(done, str):
+                    failed.append((item, done))
+                elif done:
                     self.ring.write(COMPLETE, 0, gid, 0, 0, 0, 0, seq, 0, _time(), rec)
                 elif not final:
                     keep.append(item)
-        if keep:
-            with self._pending_lock:
+        for (rec, gid, seq, _), why in failed:
+            self._failed(rec, gid, seq, "", why)   # the work's own text says what it was
+        with self._pending_lock:
+            if keep:
                 self._pending[:0] = keep
+            self._draining = []
 
     def cuda_event(self):
         if self._event_factory is None:

@@ -371,15 +371,58 @@ def _make_funcol_wrapper(name, orig, resolve_group):
             raise
         rec.local.depth = 0
         try:
-            # The result completes lazily (AsyncCollectiveTensor); a later op on the same group
-            # completing implies this one did, and the reader infers it from that.
-            rec.exit(ctx, done=False)
+            # The result completes lazily (AsyncCollectiveTensor) and no Work is handed back: its
+            # wait_tensor() (_make_wait_wrapper) says when, else a later op on the group completing.
+            rec.unobserved(ctx, [getattr(t, "elem", t) for t in (result if isinstance(result, (list, tuple)) else (result,))])
         except Exception as exc:
             rec.internal_error(exc)
         return result
 
     wrapper.__colltrace_original__ = orig
     return wrapper
+
+
+def _make_wait_wrapper(orig, done_on_return):
+    """Work.wait and funcol's wait_tensor: where the program parks for a traced call it made
+    without waiting (async_op=True, a functional collective). A WAIT slot names the call and the
+    line it waits at; a wait that raises is that call's failure, with its reason. done_on_return(x):
+    whether the wait returning means the work is done (a CPU tensor's wait_tensor; never a Work,
+    whose wait() on NCCL only orders streams: the poller decides)."""
+
+    @functools.wraps(orig)
+    def wait(self, *args, **kwargs):
+        rec = recorder
+        if rec is None or rec.disabled or rec.local.depth:
+            return orig(self, *args, **kwargs)
+        try:
+            pending = rec.pending_for(self)
+            if pending is not None:
+                rec.wait_begins(pending, sys._getframe(1))
+        except Exception as exc:
+            rec.internal_error(exc)
+            pending = None
+        if pending is None:
+            return orig(self, *args, **kwargs)
+        try:
+            result = orig(self, *args, **kwargs)
+        except BaseException as exc:
+            try:
+                rec.wait_ends(pending, self, exc, False)
+            except Exception as inner:
+                rec.internal_error(inner)
+            raise
+        try:
+            rec.wait_ends(pending, self, None, done_on_return(self))
+        except Exception as exc:
+            rec.internal_error(exc)
+        return result
+
+    wait.__colltrace_original__ = orig
+    return wait
+
+
+def _is_cpu_tensor(t) -> bool:
+    return getattr(getattr(t, "device", None), "type", None) == "cpu"
 
 
 # ---- process groups and the recorder's life ------------------------------------------------
@@ -539,6 +582,14 @@ def install() -> bool:
         patch("init_process_group", _make_init_hook)
         patch("_register_pg_in_world", _make_group_hook)
         patch("_check_op", _check_op_accepting_originals)
+        work = getattr(c10d, "Work", None)
+        wait = getattr(work, "wait", None)
+        if wait is not None and not hasattr(wait, "__colltrace_original__"):
+            try:   # c10d's Work is a pybind class: its method is replaced on the class itself
+                work.wait = _make_wait_wrapper(wait, lambda w: False)
+                originals["Work.wait"] = wait
+            except (TypeError, AttributeError):
+                pass
         _sweep(replacements)
         _state["replacements"] = replacements
         _state["installed"] = True
@@ -575,6 +626,13 @@ def _install_funcol():
         originals["funcol." + name] = orig
         setattr(funcol, name, new)
         replacements[id(orig)] = (orig, new)
+    # AsyncCollectiveTensor waits through this module-level function (trigger_wait, wait)
+    orig = getattr(funcol, "wait_tensor", None)
+    if orig is not None and not hasattr(orig, "__colltrace_original__"):
+        new = _make_wait_wrapper(orig, _is_cpu_tensor)
+        originals["funcol.wait_tensor"] = orig
+        funcol.wait_tensor = new
+        replacements[id(orig)] = (orig, new)
     _sweep(replacements)
     _state["replacements"].update(replacements)
 
@@ -599,7 +657,9 @@ def uninstall() -> None:
             return
         reverse = {id(new): (new, orig) for orig, new in _state["replacements"].values()}
         for name, orig in _state["originals"].items():
-            if name.startswith("funcol."):
+            if name == "Work.wait":
+                _c10d.Work.wait = orig
+            elif name.startswith("funcol."):
                 import torch.distributed._functional_collectives as funcol
 
                 setattr(funcol, name[7:], orig)

@@ -97,14 +97,48 @@ def died_since(f: Finding, dead: list[int], still: str = "") -> str:
     finding: " colltrace then ended ranks 0-3 (abort: deadlock) at 14:37:17." """
     table = f.ranks
     ended = [r for r in dead if _ended_by_colltrace(table.get(str(r)) or {})]
-    others = [r for r in dead if r not in ended]
-    text = ""
+    backend = [r for r in dead if r not in ended and (table.get(str(r)) or {}).get("ended")]
+    others = [r for r in dead if r not in ended and r not in backend]
+    text = backend_ended(f, backend)
     if others:
         text += f" {capitalized(rank_word(others))} {verb_for(others, 'has', 'have')} died since{still}."
     if ended:
         ex = table[str(ended[0])]["exit"]
         text += f" colltrace then ended {rank_word(ended)} (abort: {ex.get('why')}) at {clock(ex.get('at'))}."
     return text
+
+
+def backend_ended(f: Finding, ranks: list[int]) -> str:
+    """" The backend's timeout then ended the wait (Timed out waiting 8000ms ...): ranks 0-3 exited
+    with code 1." — the hang's ending, told as its consequence (NCCL: its watchdog's SIGABRT)."""
+    if not ranks:
+        return ""
+    table = f.ranks
+    aborted = [r for r in ranks if (table.get(str(r)) or {}).get("ended") == "abort"]
+    text = ""
+    timed = [r for r in ranks if r not in aborted]
+    if timed:
+        error = next((e["error"] for r in timed if (e := table.get(str(r)) or {}).get("error")), None)
+        why = f" ({first_line(error)})" if error else ""
+        by_exit: dict[str, list[int]] = {}
+        for r in timed:
+            by_exit.setdefault(_exit_short(table.get(str(r)) or {}), []).append(r)
+        how = "; ".join(f"{rank_word(rs)} {how}" for how, rs in by_exit.items())
+        text += f" The backend's timeout then ended the wait{why}: {how}."
+    if aborted:
+        text += (f" NCCL's watchdog then aborted {rank_word(aborted)} (SIGABRT) at the groups' timeout: the hang's "
+                 "consequence, not a crash of {0}.".format("its own" if len(aborted) == 1 else "their own"))
+    return text
+
+
+def _exit_short(e: dict) -> str:
+    ex = e.get("exit") if isinstance(e.get("exit"), dict) else {}
+    if e.get("status") == EXITED and ex.get("code") is not None:
+        return f"exited with code {ex['code']}"
+    if ex.get("signal"):
+        return f"died of {ex['signal']}"
+    return "ended"
+
 
 
 def not_taken_note(deadline_s: float) -> str:

@@ -78,7 +78,24 @@ def _waiters_clause(finding: Finding, ranks, verb_s="waits", verb_p="wait", prep
     sample = sample_entry(finding, ranks)
     prep = f" {prep}" if prep else ""
     return (f"{who_phrase(finding, ranks, sample.get('group'))} {verb_for(ranks, verb_s, verb_p)}{prep} "
-            f"{op_phrase(finding, sample)} at {locations_text(finding, ranks)}")
+            f"{op_phrase(finding, sample)} at {locations_text(finding, ranks)}{_run_ahead(sample)}")
+
+
+def _run_ahead(e: dict) -> str:
+    """" (queued behind it: broadcast #3 at a.py:16 and all_reduce #4 at a.py:17; they wait for it at
+    a.py:18)": where the CPU ran ahead to after an async call (NCCL), and where it parks."""
+    out = []
+    queued = [q for q in e.get("queued") or [] if isinstance(q, dict)]
+    if queued:
+        more = int(e.get("queued_count") or len(queued)) - len(queued)
+        calls = [f"{q.get('op')} #{q.get('seq')} at {where(q)}" for q in queued]
+        if more > 0:
+            calls.insert(0, f"{more} more")
+        out.append(f"queued behind it: {and_list(calls)}")
+    parked = e.get("parked")
+    if isinstance(parked, dict) and parked.get("frames"):
+        out.append(f"waiting for it at {where(parked)}")
+    return f" ({'; '.join(out)})" if out else ""
 
 
 def _unreadable(finding: Finding) -> str:

@@ -13,7 +13,8 @@ import re
 
 from colltrace import origins
 from colltrace.tracefile import asks, batchlog, endings, ringfile, samples
-from colltrace.tracefile.ringfile import COMPLETE, ENTER, F_ASYNC, F_DIGEST, F_DONE, F_P2P, FAIL, RETURN, UNTRACED
+from colltrace.tracefile.ringfile import (COMPLETE, ENTER, F_ASYNC, F_DIGEST, F_DONE, F_P2P, F_UNOBSERVED, FAIL,
+                                          RETURN, UNTRACED, WAIT, WAITED)
 from colltrace.errors import InputError
 from colltrace.model import build, schema
 from colltrace.model.schema import COMPLETED, IN_FLIGHT
@@ -95,6 +96,7 @@ class RankTrace:
         self.records: collections.OrderedDict[int, dict] = collections.OrderedDict()
         self.open: dict[int, dict] = {}          # entered, not finished: kept past the window
         self.progress: dict[str, dict] = {}
+        self._done_max: dict[str, int] = {}   # per group: the highest number seen completed
         self.window = window
         self.error: str | None = None
         self._fault: dict | None = None
@@ -118,6 +120,8 @@ class RankTrace:
             elif k == "group":
                 self.groups[int(d["id"])] = {"name": str(d["name"]), "desc": d.get("desc", ""),
                                              "ranks": [int(r) for r in d["ranks"]], "backend": d.get("backend", "")}
+                if isinstance(d.get("timeout_s"), (int, float)):
+                    self.groups[int(d["id"])]["timeout_s"] = float(d["timeout_s"])
             elif k == "thread":
                 self.threads[int(d["id"])] = str(d.get("name", ""))
             elif k == "meta":
@@ -126,6 +130,7 @@ class RankTrace:
                 self.records.clear()
                 self.open.clear()
                 self.progress.clear()
+                self._done_max.clear()
                 self.batches = batchlog.BatchLog()
             elif k == "exit":
                 self.exit = d
@@ -235,17 +240,46 @@ class RankTrace:
                     self._bump(r["group"], "entered", r["seq_end"])
                 if flags & F_DONE:
                     self._complete(r, t)
-                else:
+                elif r["state"] != "failed":
                     r["state"] = "in_flight"
+                    if flags & F_UNOBSERVED:
+                        r["unobserved"] = True
             elif kind == COMPLETE:
-                self._complete(r, t)
+                if r["state"] != "failed":
+                    self._complete(r, t)
             elif kind == FAIL:
                 r["state"] = "failed"
-                r["returned_at"] = t
+                if r["returned_at"] is None:
+                    r["returned_at"] = t
+                r["failed_at"] = t   # a wait it failed in stays: where the program waited for it
+                self.open.pop(rec_id, None)
+                if not r["p2p"]:
+                    self._ended(r, completed=False)
                 err = self.errors.get(rec_id)
                 if err:
-                    r["error"] = f"{err.get('type')}: {err.get('message')}"
+                    r["error"] = f"{err.get('type')}: {err.get('message')}" if err.get("type") else str(err.get("message"))
                 self.open.pop(rec_id, None)
+            elif kind == WAIT:
+                if r["state"] not in ("completed", "failed"):
+                    # the line the program waits for this call at (Work.wait, wait_tensor)
+                    r["wait"] = {"since": t, "frames": self.frames(stack_id), "thread": self.threads.get(tid, "")}
+            elif kind == WAITED:
+                if r["state"] != "failed":
+                    r.pop("wait", None)
+
+    def _ended(self, r: dict, completed: bool = True) -> None:
+        """A collective of the group finished (completed, or failed: never counted done). The
+        group's "completed" is the highest number below which every traced one has ended: a
+        later op completing first (gloo runs a group's works on several threads) never makes
+        an older one that still waits look done."""
+        group = r["group"]
+        done = self._done_max.get(group, 0)
+        if completed and r["seq_end"] > done:
+            done = self._done_max[group] = r["seq_end"]
+        for other in self.open.values():
+            if other["group"] == group and not other["p2p"] and other["seq"] <= done and other is not r:
+                done = other["seq"] - 1
+        self._bump(group, "completed", done)
 
     def _add(self, r: dict) -> None:
         self.records[r["id"]] = r
@@ -259,10 +293,15 @@ class RankTrace:
         self.open.pop(r["id"], None)
         if r["p2p"]:
             return
-        self._bump(r["group"], "completed", r["seq_end"])
-        # Work on one group completes in order: earlier in-flight ops on it are done too.
+        self._ended(r)
+        r.pop("wait", None)
+        # An earlier op on the group whose completion nothing reports (a functional collective
+        # never waited on): a later one completing means the group moved past it. Ops with a Work
+        # or an event of their own are told by it alone: gloo runs a group's works on several
+        # threads, and a failed or timed-out one must never read "completed".
         for other in list(self.open.values()):
-            if other["group"] == r["group"] and not other["p2p"] and other["seq"] < r["seq"] and other["state"] == IN_FLIGHT:
+            if (other.get("unobserved") and other["group"] == r["group"] and not other["p2p"]
+                    and other["seq"] < r["seq"] and other["state"] == IN_FLIGHT):
                 other["state"] = "completed"
                 other["completed_at"] = other["completed_at"] or t
                 self.open.pop(other["id"], None)

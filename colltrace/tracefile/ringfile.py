@@ -32,10 +32,16 @@ STOPPED_OFFSET = 20
 
 # slot kinds
 ENTER, RETURN, COMPLETE, UNTRACED, FAIL = 1, 2, 3, 4, 5
+# WAIT: a thread parks waiting for record `rec` (Work.wait(), funcol's wait_tensor): its stack is
+# where it waits; WAITED: that wait returned (or raised). Kinds 6-7 are left for other events.
+WAIT, WAITED = 8, 9
 # flags
 F_ASYNC, F_P2P, F_DONE, F_DIGEST = 1, 2, 4, 8
+F_UNOBSERVED = 64
 # F_DONE on RETURN: the call's return means the work finished. F_DIGEST on ENTER: aux32 holds a
-# CRC-32 of the input tensor's bytes (COLLTRACE_DIGEST).
+# CRC-32 of the input tensor's bytes (COLLTRACE_DIGEST). F_UNOBSERVED on RETURN: nothing tells
+# when this work completes (a functional collective: no Work to poll); completed when waited on,
+# or when a later op on its group completes.
 
 assert SLOT_SIZE == 64
 

@@ -94,7 +94,7 @@ def test_python_and_compiled_writers_share_one_serial_and_lose_nothing(tmp_path,
         w.write(ENTER, 0, 1, 1, 1, 1, 0, 2 * i + 1, -1, float(i), i + 1)
         # the compiled poller loop writes a COMPLETE slot with the same counter, in between
         left = fastpath._fastpath.drain([(i + 1, 1, 2 * i + 2, object())], False, w._serial, w._mm, w.slots,
-                                        type(None), lambda waitable: True)
+                                        type(None), lambda waitable: True, [])
         assert left == []
     got = ringfile.RingReader(path).poll()
     assert [s[8] for s in got] == list(range(1, 11))   # every slot, in the order written
