@@ -64,8 +64,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("COLLTRACE_ON_HANG", "`warn`", "`warn`, `dump` (also write every rank's stacks) or `abort` (end every "
              "rank; [Slow or hung](#slow-or-hung))", "on_hang", "--on-hang",
              "warn (default), dump (also write every rank's stacks) or abort (end every rank)"),
-    Variable("COLLTRACE_ABORT_STALL_S", "off", "with `abort`: also end a stall whose missing ranks still move, once it "
-             "has lasted this long", "abort_stall_s", "--abort-stall-s", metavar="S"),
+    Variable("COLLTRACE_ABORT_STALL_S", "off", "with `abort`: also end a stall whose missing ranks still move, or a "
+             "collective every member entered that never completes, once it has lasted this long", "abort_stall_s",
+             "--abort-stall-s", metavar="S"),
     Variable("COLLTRACE_PY_SPY", "on `PATH` or beside `python`", "the py-spy binary, or `off`"),
     Variable("COLLTRACE_RING_SLOTS", "`65536`", "64-byte event slots per rank (4 MiB): the most recent events kept",
              "ring_slots"),

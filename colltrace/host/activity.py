@@ -22,6 +22,13 @@ IO_FUNCS = {"recv", "recv_into", "recvfrom", "recvmsg", "read", "readinto", "rea
             "_poll", "input"}
 IO_LINE = re.compile(r"\.(recv\w*|read\w*|accept|select|poll|communicate|urlopen|getresponse)\s*\(|"
                      r"\b(select\.select|input|urlopen)\s*\(")
+# Innermost frames that wait for the device (NCCL: the CPU ran ahead of its collectives and parks
+# here). CUDA's default wait spins a core, so CPU time does not tell it from computing: a stack
+# that does not move at one of these is blocked. torch.cuda's own synchronize functions, or a
+# source line calling a C method that syncs (loss.item(), t.cpu(), torch.cuda.synchronize()).
+DEVICE_FILES = ("torch/cuda/__init__.py", "torch/cuda/streams.py", "torch/cuda/graphs.py")
+DEVICE_FUNCS = {"synchronize", "wait_event", "wait_stream", "query"}
+DEVICE_LINE = re.compile(r"\.(item|cpu|tolist|numpy|synchronize)\s*\(\s*\)|\bcuda\.synchronize\s*\(")
 
 
 def sample_process(pid: int) -> dict | None:
@@ -69,6 +76,23 @@ def waits_for_io(frames: list[dict] | None) -> bool:
     return bool(IO_LINE.search(line))
 
 
+def waits_for_device(frames: list[dict] | None) -> bool:
+    """The innermost frame waits for the device to finish (see DEVICE_FILES, DEVICE_LINE)."""
+    if not frames:
+        return False
+    f = frames[-1]
+    path = str(f.get("file")).replace(os.sep, "/")
+    if path.endswith(DEVICE_FILES) and f.get("func") in DEVICE_FUNCS:
+        return True
+    try:
+        import linecache
+
+        line = linecache.getline(str(f.get("file")), int(f.get("line") or 0))
+    except (OSError, ValueError, TypeError):
+        return False
+    return bool(DEVICE_LINE.search(line))
+
+
 class Activity:
     """One rank's samples while others wait for it (reset when it does something traced)."""
 
@@ -94,8 +118,9 @@ class Activity:
 
 def classify(procs: list[dict], stacks: list[tuple]) -> dict:
     """progressing (CPU time or the stack moves), blocked_io (neither, waiting for data: in an
-    I/O call, in the kernel's disk wait, or bytes still flowing), frozen (none of these), or
-    unknown (samples span less than MIN_WINDOW_S)."""
+    I/O call, in the kernel's disk wait, or bytes still flowing), frozen (none of these, or the
+    same stack parked in a device sync however busy the CPU: how "device_sync"), or unknown
+    (samples span less than MIN_WINDOW_S)."""
     out: dict = {"state": "unknown", "samples": len(procs), "stack_samples": len(stacks)}
     frames = stacks[-1][2] if stacks else None
     if frames:
@@ -116,7 +141,9 @@ def classify(procs: list[dict], stacks: list[tuple]) -> dict:
     out["stacks_seen"] = distinct
     if window < MIN_WINDOW_S:
         return out
-    if cpu >= BUSY_FRACTION * window:
+    if distinct == 1 and len(stacks) > 1 and waits_for_device(frames):
+        out["state"], out["how"] = "frozen", "device_sync"   # spinning in a sync is waiting, not computing
+    elif cpu >= BUSY_FRACTION * window:
         out["state"], out["how"] = "progressing", "busy"
     elif distinct > 1:
         out["state"], out["how"] = "progressing", "moving"

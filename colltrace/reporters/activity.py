@@ -29,6 +29,9 @@ def activity_text(rank, e: dict) -> str | None:
         moved = a.get("io_bytes") or 0
         text = (f"rank {rank}: blocked in I/O in {at}, {cpu:.1f} s of CPU"
                 + (f" and {moved / 1e6:.1f} MB read or written" if moved >= 1e5 else "") + f" over the last {w:.1f} s")
+    elif state == "frozen" and a.get("how") == "device_sync":
+        text = (f"rank {rank}: parked in a device sync at {at} (the same stack over the last {w:.1f} s; its "
+                f"{cpu:.1f} s of CPU are the sync's spinning): it waits for its GPU work, which waits for a collective")
     elif state == "frozen":
         text = f"rank {rank}: frozen, {cpu:.1f} s of CPU and the same stack in {at} over the last {w:.1f} s"
     else:
