@@ -12,6 +12,7 @@ import os
 import re
 
 from colltrace import origins
+from colltrace.words import group_desc
 from colltrace.tracefile import asks, batchlog, endings, ringfile, samples
 from colltrace.tracefile.ringfile import COMPLETE, ENTER, F_ASYNC, F_DIGEST, F_DONE, F_P2P, FAIL, RETURN, UNTRACED
 from colltrace.errors import InputError
@@ -116,7 +117,7 @@ class RankTrace:
             elif k == "sig":
                 self.sigs[int(d["id"])] = d
             elif k == "group":
-                self.groups[int(d["id"])] = {"name": str(d["name"]), "desc": d.get("desc", ""),
+                self.groups[int(d["id"])] = {"name": str(d["name"]), "desc": group_desc(d.get("desc")),
                                              "ranks": [int(r) for r in d["ranks"]], "backend": d.get("backend", "")}
             elif k == "thread":
                 self.threads[int(d["id"])] = str(d.get("name", ""))
@@ -152,7 +153,12 @@ class RankTrace:
         out = []
         for cid, line in reversed(cached):   # stored innermost first; contract: innermost last
             c = self.codes.get(cid, {})
-            out.append({"file": c.get("file", "?"), "line": line, "func": c.get("func", "?")})
+            f = {"file": c.get("file", "?"), "line": line, "func": c.get("func", "?")}
+            if isinstance(c.get("qualname"), str):   # its code object's traits (origins.code_traits)
+                f["qualname"] = c["qualname"]
+                if c.get("wraps") is True:
+                    f["wraps"] = True
+            out.append(f)
         self.stacks[stack_id] = out
         return out
 
