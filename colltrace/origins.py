@@ -17,6 +17,9 @@ import sys
 import sysconfig
 
 INTERNAL, FRAMEWORK, USER = "internal", "framework", "user"
+_CO_STAR_ARGS = 0x04 | 0x08   # CO_VARARGS | CO_VARKEYWORDS (inspect's, without importing it)
+# Frames known only by name (py-spy's, a traceback's): a wrapper's usual names.
+WRAPPER_NAMES = frozenset(("wrapper", "_wrapper", "wrapped", "wrapped_fn", "wrapper_func", "decorate_context", "_fn"))
 # Installed packages that are torch itself, whatever folder they sit in.
 TORCH_PACKAGES = frozenset(("torch", "torchgen", "functorch", "colltrace"))
 
@@ -137,6 +140,56 @@ class Origins:
         return [f for f in frames if isinstance(f, dict) and self.classify(f.get("file", ""))[0] == USER]
 
 
+@functools.lru_cache(maxsize=1)
+def _call_star() -> int:
+    import opcode
+
+    return opcode.opmap["CALL_FUNCTION_EX"]
+
+
+def code_traits(code) -> dict:
+    """What a frame's code object says beyond its file and name, worked out once per code object
+    (the rank's recorder interns them): "qualname", a method with its class
+    (`DeepSpeedEngine.save_checkpoint`; Python 3.11+, else the name), and "wraps": true for a
+    wrapper that only passes its call on: a closure taking *args/**kwargs that calls with them
+    (a functools.wraps-style decorator's, an nvtx or profiling decorator's, torch._dynamo's
+    eval frame), which never stands for the call its caller made."""
+    out = {"qualname": str(getattr(code, "co_qualname", code.co_name))}
+    try:
+        if code.co_freevars and code.co_flags & _CO_STAR_ARGS and _call_star() in code.co_code[::2]:
+            out["wraps"] = True
+    except Exception:   # a code-like object of another implementation: no claim
+        pass
+    return out
+
+
+def is_wrapper(f) -> bool:
+    """Whether a frame only passes its call on (code_traits' "wraps"); a frame recorded without
+    its code object (no "qualname": py-spy's, a traceback's) by its name alone."""
+    if type(f) is not dict:
+        return False
+    if "qualname" in f:
+        return f.get("wraps") is True
+    return f.get("func") in WRAPPER_NAMES
+
+
+def called(frames: list, i: int) -> int | None:
+    """The index of the frame that frame i called, past wrappers (the function they pass the
+    call on to); None if i is the innermost."""
+    j = i + 1
+    while j < len(frames) - 1 and is_wrapper(frames[j]):
+        j += 1
+    return j if j < len(frames) else None
+
+
+def callable_name(f: dict) -> str:
+    """A frame's function as its caller named it: "DeepSpeedEngine.save_checkpoint", "barrier"
+    (a nested function without its enclosing ones' "<locals>")."""
+    q = f.get("qualname")
+    name = q if isinstance(q, str) and q else f.get("func")
+    return str(name or "?").rsplit("<locals>.", 1)[-1]
+
+
 _BY_ROOTS: dict = {}
 
 
@@ -165,3 +218,15 @@ def user_frames(frames) -> list[dict]:
     if not isinstance(frames, list):
         return []
     return [f for f in frames if type(f) is dict and origin_of(f) == USER]
+
+
+def innermost_user(frames) -> int | None:
+    """The index of the user's innermost own frame that is not a wrapper (a decorator of the
+    user's own passes the call on: the frame that called it is the user's call)."""
+    if not isinstance(frames, list):
+        return None
+    for i in range(len(frames) - 1, -1, -1):
+        f = frames[i]
+        if type(f) is dict and origin_of(f) == USER and not is_wrapper(f):
+            return i
+    return None

@@ -1,5 +1,5 @@
-"""The few words every layer writes: rank lists ("ranks 0-3,5"), joins ("a, b and c") and a
-frame's "file:line (func)". The reporters' paragraphs use them, and so do the analyzer's reasons
+"""The few words every layer writes: rank lists ("ranks 0-3,5"), joins ("a, b and c"), a
+group's label ("group 3 (mesh_dp, ranks 0-3)") and a frame's "file:line (func)". The reporters' paragraphs use them, and so do the analyzer's reasons
 (culprits, desync), which must not import the reporters: they live here, below both. Nothing
 imported but the standard library."""
 from __future__ import annotations
@@ -66,6 +66,23 @@ def rank_word(ranks) -> str:
 def and_list(items: list[str]) -> str:
     """["a", "b", "c"] -> "a, b and c"."""
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+# -- groups ---------------------------------------------------------------------------------
+TORCH_UNDESCRIBED = "undefined"   # torch's group_desc for a group made without a description
+
+
+def group_desc(desc) -> str:
+    """A group's description as read from torch or a trace: torch's placeholder is none."""
+    text = str(desc or "")
+    return "" if text == TORCH_UNDESCRIBED else text
+
+
+def group_label(g: dict) -> str:
+    """"group 0 (default_pg, ranks 0-7)"; a group without a description by its ranks alone:
+    "group 3 (ranks 0-1)"."""
+    bits = [b for b in (group_desc(g.get("desc")), f"ranks {short_ranks(g.get('ranks'))}" if g.get("ranks") else "") if b]
+    return f"group {g.get('name')} ({', '.join(bits)})" if bits else f"group {g.get('name')}"
 
 
 # -- frames ---------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from colltrace.analysis.waitgraph import Key, WaitGraph, coll_name
 from colltrace.model.finding import Deadlock, DeadRank, DuplicateData, Finding, Stall, UnmatchedP2P
 from colltrace.model.finding import Mismatch as MismatchFinding   # matching.Mismatch is the facts it is made of
 from colltrace.model.schema import ALIVE, EXITED, WAITING
+from colltrace.origins import called, innermost_user
 
 MAX_ALSO_MISSING = 64   # other absent members described in a dead_rank finding (all are listed)
 MISMATCH_SETTLE_S = 0.3  # a mismatch waits this long after the last arrival for members still coming
@@ -38,11 +39,10 @@ def _frame_refs(f: Finding) -> None:
         return
     frames = (f.ranks.get(str(look["rank"])) or {}).get("frames")
     frames = frames if isinstance(frames, list) else []
-    i = next((n for n in range(len(frames) - 1, -1, -1)
-              if isinstance(frames[n], dict) and frames[n].get("origin") == "user"), None)
-    nxt = frames[i + 1] if i is not None and i + 1 < len(frames) else None
+    i = innermost_user(frames)   # wrappers that pass a call on never stand for it
+    j = called(frames, i) if i is not None else None
     look["user_frame"] = i
-    look["framework_frame"] = i + 1 if i is not None and isinstance(nxt, dict) and nxt.get("origin") == "framework" else None
+    look["framework_frame"] = j if j is not None and isinstance(frames[j], dict) and frames[j].get("origin") == "framework" else None
 
 
 class Verdicts:

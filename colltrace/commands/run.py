@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -33,6 +31,14 @@ class RunCommand:
                                help=f"{v.flag_help or _plain(v.meaning)} [env {v.env}]")
 
     def run(self, args, parser) -> int:
+        from colltrace.commands import job as jobs
+
+        jobs.first_process()   # as a container's PID 1: a reaping parent stays behind
+        with jobs.held() as job:   # before any thread starts: the signals are the job's
+            code = self._run(args, parser, job)
+        return job.exit_code(code)
+
+    def _run(self, args, parser, job) -> int:
         from colltrace.errors import UsageError
 
         if not args.job_argv:
@@ -61,21 +67,18 @@ class RunCommand:
         thread.start()
         sys.stderr.write(f"colltrace: tracing into {directory}\n")
         try:
-            child = subprocess.Popen(args.job_argv, env=env)
+            job.start(args.job_argv, env)
         except OSError as exc:
             stop.set()
             raise UsageError(f"cannot start {args.job_argv[0]!r}: {exc.strerror}") from None
-        previous = signal.signal(signal.SIGINT, lambda *a: child.send_signal(signal.SIGINT))
-        try:
-            rc = child.wait()
-        finally:
-            signal.signal(signal.SIGINT, previous)
+        rc = job.wait()   # signals passed on to the job meanwhile
         time.sleep(2 * settings.poll_s)
         stop.set()
         thread.join(timeout=30)
         n = sum(1 for f in watchdog.findings if not f.superseded_by)
         gone = len(watchdog.findings) - n
         earlier = f" (and {gone} earlier stall superseded by {'it' if n == 1 else 'them'})" if gone else ""
+        job.ended_by_colltrace = bool(watchdog.on_hang.ending)
         sys.stderr.write(_verdict_again(watchdog))
         sys.stderr.write(
             f"colltrace: job exited with code {rc}; {n} finding{'s' if n != 1 else ''}{earlier}; trace in {directory}\n"

@@ -203,10 +203,10 @@ def compact_frames(frames: list[dict], roots: dict | None = None) -> list[dict]:
         return frames
     classify = origins.for_roots(roots).classify
     user = next((i for i in range(len(frames) - 1, -1, -1)
-                 if classify(frames[i].get("file", ""))[0] == origins.USER), None)
+                 if classify(frames[i].get("file", ""))[0] == origins.USER and not origins.is_wrapper(frames[i])), None)
     keep = set(range(len(frames) - 4, len(frames)))
-    if user is not None:
-        keep.update(range(max(0, user - FRAMES_NEAR_USER + 1), min(len(frames), user + 2)))   # and the call it makes
+    if user is not None:   # and the call it makes, past the wrappers that pass it on
+        keep.update(range(max(0, user - FRAMES_NEAR_USER + 1), (origins.called(frames, user) or user) + 1))
     return [frames[i] for i in sorted(keep)]
 
 

@@ -260,9 +260,10 @@ def _group_of(pg, kind: str) -> dict | None:
     if pg is None:
         pg = c10d._get_default_group()
     ranks = [int(r) for r in c10d.get_process_group_ranks(pg)]
+    from colltrace.rank.calls import group_desc
+
     name = str(getattr(pg, "group_name", "") or c10d._world.pg_names.get(pg, "") or "")
-    return {"name": name or f"{kind}:" + ",".join(map(str, ranks)), "desc": str(getattr(pg, "group_desc", "") or ""),
-            "ranks": ranks}
+    return {"name": name or f"{kind}:" + ",".join(map(str, ranks)), "desc": group_desc(pg), "ranks": ranks}
 
 
 def _mesh_group(mesh) -> dict | None:

@@ -7,9 +7,15 @@ from __future__ import annotations
 
 import ctypes
 import inspect
+import sys
+import types
 import weakref
 import zlib
 
+from colltrace.origins import TORCH_PACKAGES
+from colltrace.words import group_desc as described
+
+MAX_NAMES_SCANNED = 20000   # module globals looked through for a framework's name of a group (bounded)
 # Backends that run an op as something else; recorded so ranks compare like with like.
 BACKEND_OVERRIDES = {("gloo", "reduce_scatter_base"): "allreduce"}
 
@@ -112,7 +118,54 @@ def describe_group(pg):
         pass
     # c10d's own registry names every group it made, whatever its class (the same on every rank)
     name = group_attr(pg, "group_name") or str(c10d._world.pg_names.get(pg, "") or "")
-    return name, group_attr(pg, "group_desc"), ranks, backend, get_seq
+    return name, group_desc(pg), ranks, backend, get_seq
+
+
+def group_desc(pg) -> str:
+    """What a group is: torch's description ("default_pg", a DeviceMesh's "mesh_dp"); for one
+    made without (torch's placeholder "undefined": DeepSpeed's data-parallel group, say) the name
+    the code calling it keeps it under, where one is found; else "" (its ranks say what it is)."""
+    desc = described(group_attr(pg, "group_desc"))
+    if desc:
+        return desc
+    try:
+        return kept_as(pg, _callers_packages(sys._getframe(1))) or ""
+    except Exception:   # a name is a nicety: never a failure
+        return ""
+
+
+def _callers_packages(frame) -> set:
+    """The top-level packages of the code on the stack (the user's script as "__main__"), not
+    torch's, colltrace's or the standard library's: where a name for a group is looked for."""
+    out = set()
+    while frame is not None:
+        top = str(frame.f_globals.get("__name__") or "").split(".", 1)[0]
+        if top and top not in TORCH_PACKAGES and top not in sys.stdlib_module_names:
+            out.add(top)
+        frame = frame.f_back
+    return out
+
+
+def kept_as(pg, packages) -> str | None:
+    """The module global (or an entry of a module-level dict) of these packages that holds
+    the group: "deepspeed.utils.groups._WORLD_GROUP", "_EXPERT_PARALLEL_GROUP['ep_size_2']" in
+    its module; a bare name in the user's script. Without side effects: module dicts are only read."""
+    seen = 0
+    for mod_name, mod in list(sys.modules.items()):
+        if not isinstance(mod, types.ModuleType) or mod_name.split(".", 1)[0] not in packages:
+            continue
+        prefix = "" if mod_name == "__main__" else mod_name + "."
+        for key, value in list(getattr(mod, "__dict__", {}).items()):
+            seen += 1
+            if seen > MAX_NAMES_SCANNED:
+                return None
+            if value is pg:
+                return f"{prefix}{key}"
+            if type(value) is dict and 0 < len(value) <= 64:
+                for k, v in value.items():
+                    if v is pg:
+                        return f"{prefix}{key}[{k!r}]"
+    return None
 
 
 def group_timeout(pg) -> float | None:

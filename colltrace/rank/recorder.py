@@ -318,7 +318,8 @@ class Recorder:
             cid = self._codes.get(code)
             if cid is None:
                 cid = len(self._codes) + 1
-                if not self.defs.write({"k": "code", "id": cid, "file": code.co_filename, "func": code.co_name, "first": code.co_firstlineno}):
+                if not self.defs.write({"k": "code", "id": cid, "file": code.co_filename, "func": code.co_name,
+                                        "first": code.co_firstlineno, **origins.code_traits(code)}):
                     return 0
                 self._codes[code] = cid
             frames.append((cid, line))

@@ -9,7 +9,7 @@ import os
 
 from colltrace.model.finding import Finding
 from colltrace.model.schema import UNKNOWN
-from colltrace.origins import FRAMEWORK, USER, for_roots, origin_of
+from colltrace.origins import FRAMEWORK, USER, called, callable_name, for_roots, innermost_user, is_wrapper, origin_of
 from colltrace.words import frame_text, rank_word, sorted_ranks
 
 
@@ -18,23 +18,17 @@ def _is_user(f) -> bool:
 
 
 def api_text(f: dict) -> str:
-    """A framework's function the user called: "lightning.barrier() (ddp.py:300)"."""
+    """A framework's function the user called, a method with its class where the frame has it:
+    "lightning.barrier() (ddp.py:300)", "deepspeed.DeepSpeedEngine.save_checkpoint() (engine.py:3100)"."""
     name = os.path.basename(str(f.get("file") or "?").replace("\\", "/")) or "?"
-    return f"{f.get('package') or 'a library'}.{f.get('func') or '?'}() ({name}:{f.get('line', '?')})"
-
-
-def innermost_user(frames) -> int | None:
-    if not isinstance(frames, list):
-        return None
-    for i in range(len(frames) - 1, -1, -1):
-        if _is_user(frames[i]):
-            return i
-    return None
+    return f"{f.get('package') or 'a library'}.{callable_name(f)}() ({name}:{f.get('line', '?')})"
 
 
 def via_frame(frames, i: int) -> dict | None:
-    """The framework call the user's frame i went through (the next frame in, if a framework's)."""
-    nxt = frames[i + 1] if i + 1 < len(frames) else None
+    """The framework call the user's frame i went through: the frame it called, past the
+    wrappers that pass calls on (a decorator's, DeepSpeed's nvtx), if a framework's."""
+    j = called(frames, i)
+    nxt = frames[j] if j is not None else None
     return nxt if type(nxt) is dict and nxt.get("origin") == FRAMEWORK else None
 
 
@@ -50,7 +44,8 @@ def user_location(frames) -> str | None:
         text = frame_text(frames[i])
         via = via_frame(frames, i)
         return f"{text} calling {api_text(via)}" if via else text
-    fw = next((f for f in reversed(frames) if type(f) is dict and f.get("origin") == FRAMEWORK), None)
+    fw = next((f for f in reversed(frames) if type(f) is dict and f.get("origin") == FRAMEWORK and not is_wrapper(f)),
+              None)
     if fw is not None:
         return f"{fw.get('package') or 'a library'}'s {frame_text(fw)} (no frame of your code on the stack)"
     last = frames[-1]
@@ -73,11 +68,13 @@ def call_site(frames) -> str | None:
     i = innermost_user(frames)
     if not loc or i is None:
         return loc
-    # the user's frames calling straight into it (a framework's loop in between is no caller)
+    # the user's frames calling straight into it (a framework's loop in between is no caller;
+    # a wrapper, the user's or a framework's, passes the call on and is none either)
     chain = []
     j = i - 1
-    while j >= 0 and _is_user(frames[j]):
-        chain.append(frames[j])
+    while j >= 0 and (_is_user(frames[j]) or is_wrapper(frames[j])):
+        if not is_wrapper(frames[j]):
+            chain.append(frames[j])
         j -= 1
     if chain:
         inner = frames[i].get("file")

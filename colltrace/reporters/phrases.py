@@ -7,7 +7,7 @@ import time
 
 from colltrace.model.finding import Finding, Mismatch, Stall
 from colltrace.model.schema import EXITED
-from colltrace.words import rank_word, short_ranks, sorted_ranks
+from colltrace.words import group_label, rank_word, sorted_ranks
 
 
 PENDING_STATES = ("waiting", "in_flight")
@@ -34,10 +34,7 @@ def _group(finding: Finding, name) -> dict | None:
 def group_phrase(finding: Finding, name) -> str:
     """"group 0 (default_pg, ranks 0-7)"."""
     g = _group(finding, name)
-    if not g:
-        return f"group {name}"
-    bits = [b for b in (g.get("desc"), f"ranks {short_ranks(g.get('ranks'))}" if g.get("ranks") else "") if b]
-    return f"group {name} ({', '.join(bits)})" if bits else f"group {name}"
+    return group_label(dict(g, name=name)) if g else f"group {name}"
 
 
 def direction_word(e: dict) -> str:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from colltrace.model.finding import Finding
 from colltrace.model.schema import DEAD, EXITED, FAILED, NOT_IN_COLLECTIVE, UNKNOWN, UNREADABLE
-from colltrace.origins import user_frames
+from colltrace.origins import is_wrapper, user_frames
 from colltrace.words import frame_text, rank_word
 from colltrace.reporters.phrases import PENDING_STATES, direction_word, exit_text
 from colltrace.reporters.locations import FramesMemo, api_text, innermost_user, user_location, via_frame
@@ -21,7 +21,7 @@ def _chain(frames) -> list[str]:
     if i is None:
         loc = user_location(frames)
         return [loc] if loc else []
-    chain = [frame_text(f) for f in user_frames(frames[:i + 1])[-3:]]
+    chain = [frame_text(f) for f in user_frames(frames[:i + 1]) if not is_wrapper(f)][-3:]
     via = via_frame(frames, i)
     if via is not None:
         chain.append(api_text(via))

@@ -19,7 +19,7 @@ from colltrace.analysis.desync import Desync
 from colltrace.model.finding import (Deadlock, DeadRank, DuplicateData, Finding, Mismatch, Stall,
                                      UnmatchedP2P)
 from colltrace.model.schema import DEAD, EXITED, UNKNOWN, UNREADABLE
-from colltrace.words import and_list, frame_text_of, rank_word, sorted_ranks
+from colltrace.words import and_list, frame_text_of, group_label, rank_word, sorted_ranks
 from colltrace.reporters.phrases import (PENDING_STATES, behind_clause, capitalized, clock, died_since, exit_text,
                                          first_line, group_phrase, natural_key, op_phrase, sample_entry, seconds,
                                          shape_text, untraced_clause, verb_for, who_phrase)
@@ -331,8 +331,8 @@ def render_same_kind(f: Finding) -> str:
         return ""
     who = rank_word(f.missing_ranks)
     g = f.group
-    lines = [f"\nThe same kind elsewhere: {len(sites)} other call site{'s' if len(sites) != 1 else ''} on group "
-             f"{g.get('name')} ({g.get('desc') or 'no description'}) that {who} would not join either, "
+    lines = [f"\nThe same kind elsewhere: {len(sites)} other call site{'s' if len(sites) != 1 else ''} on "
+             f"{group_label(g)} that {who} would not join either, "
              f"most likely next first:"]
     for s in sites:
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from colltrace.analysis.desync import Desync, Place
-from colltrace.words import frame_text, rank_word
+from colltrace.words import frame_text, group_label, rank_word
 
 
 def _chain(p: Place) -> str:
@@ -14,7 +14,7 @@ def _chain(p: Place) -> str:
 
 def message(w: Desync) -> str:
     text = "; ".join(f"{rank_word(p.ranks)} in {p.op} at {_chain(p)}" for p in w.places)
-    return (f"Collective #{w.seq} on group {w.group['name']} ({w.group['desc'] or 'no description'}) was reached "
+    return (f"Collective #{w.seq} on {group_label(w.group)} was reached "
             f"from different places: {text}. It matched this time; the ranks are out of step there, and the next "
             f"change to either path can hang the job.")
 

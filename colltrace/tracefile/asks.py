@@ -21,6 +21,8 @@ import sys
 import threading
 import time
 
+from colltrace import origins
+
 SIGNAL_OFFSET = 7            # SIGRTMIN+7: a real-time signal programs seldom use
 # Flight Recorder's dtype names -> torch's short names, as the trace records them
 DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64",
@@ -126,7 +128,7 @@ def _frames_of(frame, limit: int = 128) -> list[dict]:
     out = []
     while frame is not None and limit:
         code = frame.f_code
-        out.append({"file": code.co_filename, "line": frame.f_lineno, "func": code.co_name})
+        out.append({"file": code.co_filename, "line": frame.f_lineno, "func": code.co_name, **origins.code_traits(code)})
         frame = frame.f_back
         limit -= 1
     out.reverse()

@@ -6,6 +6,8 @@ Kept small: it travels through the store with every host summary.
 """
 from __future__ import annotations
 
+from colltrace.words import group_desc
+
 KINDS = ("dp", "batch", "loader")
 KEEP = 64   # sampled steps kept per model: enough for "in 40 of 40 sampled steps"
 
@@ -23,7 +25,7 @@ class BatchLog:
         if k == "dp":
             g = d.get("group") or {}
             self.models[int(d["id"])] = {"kind": str(d.get("kind", "")), "exhaustive": bool(d.get("exhaustive")),
-                                         "group": {"name": str(g["name"]), "desc": str(g.get("desc", "")),
+                                         "group": {"name": str(g["name"]), "desc": group_desc(g.get("desc")),
                                                    "ranks": [int(r) for r in g["ranks"]]}}
         elif k == "loader":
             self.loaders[int(d["id"])] = {key: d.get(key) for key in

@@ -21,6 +21,7 @@ import re
 from colltrace.errors import InputError
 from colltrace.model.schema import COMPLETED, IN_FLIGHT, UNKNOWN
 from colltrace.tracefile.asks import DTYPES
+from colltrace.words import group_desc
 
 # the rank that ends a dump's file name, as torchfrtrace reads it (an extension is allowed)
 DUMP_NAME = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)(?:\.json|\.pkl|\.pickle)?$")
@@ -168,7 +169,7 @@ def to_snapshot(dumps: dict[int, dict], source: str = "") -> dict:
             name = str(cfg.get("name", key)) if isinstance(cfg, dict) else str(key)
             members = _ranks_of(cfg)
             if name and members and name not in groups:   # gloo writes an empty table
-                groups[name] = {"name": name, "desc": str(cfg.get("desc") or ""), "ranks": sorted(members)}
+                groups[name] = {"name": name, "desc": group_desc(cfg.get("desc")), "ranks": sorted(members)}
     world = sorted(dumps)
     ranks = {}
     taken_at = 0.0

@@ -12,6 +12,7 @@ import os
 import re
 
 from colltrace import origins
+from colltrace.words import group_desc
 from colltrace.tracefile import asks, batchlog, endings, ringfile, samples
 from colltrace.tracefile.ringfile import (COMPLETE, ENTER, F_ASYNC, F_DIGEST, F_DONE, F_P2P, F_UNOBSERVED, FAIL,
                                           RETURN, UNTRACED, WAIT, WAITED)
@@ -118,7 +119,7 @@ class RankTrace:
             elif k == "sig":
                 self.sigs[int(d["id"])] = d
             elif k == "group":
-                self.groups[int(d["id"])] = {"name": str(d["name"]), "desc": d.get("desc", ""),
+                self.groups[int(d["id"])] = {"name": str(d["name"]), "desc": group_desc(d.get("desc")),
                                              "ranks": [int(r) for r in d["ranks"]], "backend": d.get("backend", "")}
                 if isinstance(d.get("timeout_s"), (int, float)):
                     self.groups[int(d["id"])]["timeout_s"] = float(d["timeout_s"])
@@ -157,7 +158,12 @@ class RankTrace:
         out = []
         for cid, line in reversed(cached):   # stored innermost first; contract: innermost last
             c = self.codes.get(cid, {})
-            out.append({"file": c.get("file", "?"), "line": line, "func": c.get("func", "?")})
+            f = {"file": c.get("file", "?"), "line": line, "func": c.get("func", "?")}
+            if isinstance(c.get("qualname"), str):   # its code object's traits (origins.code_traits)
+                f["qualname"] = c["qualname"]
+                if c.get("wraps") is True:
+                    f["wraps"] = True
+            out.append(f)
         self.stacks[stack_id] = out
         return out
 

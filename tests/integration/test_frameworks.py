@@ -37,10 +37,10 @@ def test_healthy_framework_job_gives_no_finding_and_the_same_weights(torchrun_jo
 
 
 @pytest.mark.parametrize("script, scenario, marker, api", [
-    ("lightning_job.py", "barrier_on_rank0", "lit_barrier", "lightning.barrier()"),
-    ("lightning_job.py", "gather_on_rank0", "lit_gather", "lightning.all_gather()"),
-    ("accelerate_job.py", "wait_on_main", "acc_wait", "accelerate.wait_for_everyone()"),
-    ("accelerate_job.py", "gather_on_main", "acc_gather", "accelerate.gather()"),
+    ("lightning_job.py", "barrier_on_rank0", "lit_barrier", "lightning.DDPStrategy.barrier()"),
+    ("lightning_job.py", "gather_on_rank0", "lit_gather", "lightning.LightningModule.all_gather()"),
+    ("accelerate_job.py", "wait_on_main", "acc_wait", "accelerate.Accelerator.wait_for_everyone()"),
+    ("accelerate_job.py", "gather_on_main", "acc_gather", "accelerate.Accelerator.gather()"),
 ])
 def test_a_hang_in_the_users_code_is_named_by_the_users_line_first(torchrun_job, tmp_path, script, scenario,
                                                                     marker, api):

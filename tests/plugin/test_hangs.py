@@ -166,7 +166,7 @@ def test_a_cross_group_cycle_fails_at_once_and_the_session_goes_on(inner, pytest
     assert v.startswith("colltrace: Deadlock across groups 0 and 2:")
     assert (f"ranks 0-2 wait in barrier #1 on group 0 (default_pg, ranks 0-3) at "
             f"{at(pytester, 'test_scenarios.py', 'ckpt_barrier')}") in v
-    assert ("rank 3 waits in gather #1 on group 2 (undefined, ranks 0-3) at "
+    assert ("rank 3 waits in gather #1 on group 2 (ranks 0-3) at "
             f"{at(pytester, 'test_scenarios.py', 'teacher_gather')}") in v
     assert "stacks (ranks with the same stack):" in v
     assert r.case("test_after_the_hangs")["outcome"] == "passed"
