@@ -94,6 +94,8 @@ class Evidence:
             e["state"] = str(e.get("state"))
         else:
             e = {"state": NOT_IN_COLLECTIVE, "frames": v.stack or []}
+            if v.native:
+                e["native_frames"] = v.native
             if v.stack:
                 e["stack_at"] = v.entry.get("stack_at")
             else:
@@ -118,6 +120,10 @@ class Evidence:
                 e["stack"] = v.stack
                 if rec is None:
                     e["frames"] = v.stack
+            if v.native:
+                e["native_frames"] = v.native
+            if v.native_exception:
+                e["native_exception"] = v.native_exception
         self.mark_origins(v, e)
         return e
 

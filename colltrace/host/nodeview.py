@@ -133,10 +133,13 @@ class NodeView:
                 asks.request_fr(self.dir, rank)
             except OSError:
                 pass
-        got = probes.live_stacks(self.dir, {rank: (tr.meta.get("pid"), tr.meta) for rank, tr in due})
-        for rank, (frames, route, why) in got.items():
+        # the meta line, and whether colltrace's handler on the stack signal writes native frames
+        got = probes.live_stacks(self.dir, {rank: (tr.meta.get("pid"), dict(tr.meta, native_stack=bool(
+                                     tr.native_info.get("native_stack")))) for rank, tr in due},
+                                 with_native=self._native_due(due, now))
+        for rank, (frames, route, why, native_frames) in got.items():
             if frames is not None:
-                self.live_stacks[rank] = (now, frames, route, why)
+                self.live_stacks[rank] = (now, frames, route, why, native_frames)
                 act = self.activity.get(rank)
                 if act is not None:
                     act.add_stack(now, frames)
@@ -151,6 +154,19 @@ class NodeView:
             pending = [r for r in pending if not asks.fr_answered(self.dir, r) and not process_gone(self.traces[r].meta.get("pid"))]
             if pending:
                 time.sleep(0.02)
+
+    def _native_due(self, due, now: float) -> set[int]:
+        """The ranks whose main thread's native frames to take in-process: those others have
+        waited for almost the job's stall threshold (a stall finding is near; taking them signals
+        the rank's main thread, which is not done on every look at a late rank)."""
+        out = set()
+        for rank, tr in due:
+            act = self.activity.get(rank)
+            stall_s = tr.meta.get("stall_s")
+            if (act is not None and isinstance(stall_s, (int, float))
+                    and now - act.since >= max(float(stall_s) - STACK_REFRESH_S, 0.0)):
+                out.add(rank)
+        return out
 
     def sample(self, ranks) -> None:
         """CPU time (every round) of the ranks others wait for, from when they became suspects or
