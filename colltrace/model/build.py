@@ -18,7 +18,8 @@ FRAMES_NEAR_USER = 12   # frames kept around the innermost user frame when compa
 
 
 NO_TRACE_NOTE = "gone without a trace: killed (SIGKILL/SIGTERM) or exited in native code"
-SAVED_LIVE_KEYS = ("status", "exit", "died_at", "stack", "stack_at", "pid", "host")
+# native frames too: the watchdog named them on the rank's own host, where its libraries are
+SAVED_LIVE_KEYS = ("status", "exit", "died_at", "stack", "stack_at", "pid", "host", "native_frames", "native_exception")
 
 
 def unreadable_entry(rank: int, error: str) -> dict:
@@ -93,6 +94,11 @@ def host_entry(entry: dict, *, keep_records: int, died_at: float | None, live_st
         # a fatal signal the program handles itself, and its process lives: its handler may let
         # it go on (tracefile/reader.py); dead once the process is gone
         e["status"], e["exit"] = ALIVE, None
+        if e.get("stack") is e["fault"].get("frames"):
+            e["stack"] = None   # the fault's stack is not where it is, if it goes on
+        e["fault"] = None
+        e.pop("native_frames", None)
+        e.pop("native_exception", None)
     if live_stack and e["status"] == ALIVE and live_stack[0] >= last_event_t:
         e["stack_at"], e["stack"] = live_stack[0], live_stack[1]   # only while the rank has done nothing since it was taken
         e["stack_via"] = live_stack[2]
@@ -153,7 +159,7 @@ def add_saved_stacks(snap: Snapshot, saved: dict) -> None:
         theirs = ranks.get(rank)
         if entry.get("status") == ALIVE and not entry.get("stack") and isinstance(theirs, dict) and theirs.get("stack"):
             entry["stack"], entry["stack_at"] = theirs["stack"], theirs.get("stack_at")
-            for k in ("stack_via", "activity"):   # which route gave it; busy, frozen or blocked in I/O
+            for k in ("stack_via", "activity", "native_frames"):   # which route gave it; busy, frozen or blocked in I/O
                 if theirs.get(k):
                     entry[k] = theirs[k]
 

@@ -93,11 +93,14 @@ def live_clause(e: dict) -> str:
 
 
 def lines(frames, indent: str = "  ") -> list[str]:
-    """Every frame, numbered, innermost first: "#0 libc.so.6 (memset+0x1c)  /usr/lib/.../libc.so.6"."""
+    """Every frame, numbered, innermost first: "#0 libc.so.6 (memset+0x1c)  /usr/lib/.../libc.so.6"
+    (an object's full path the first time it appears)."""
     out = []
+    seen = set()
     for i, fr in enumerate(valid(frames)):
         path = fr.get("path")
-        where = f"  {path}" if path else ""
+        where = f"  {path}" if path and path not in seen else ""
+        seen.add(path)
         out.append(f"{indent}#{i} {frame_text(fr, offset=True)}{where}")
     return out
 

@@ -146,3 +146,59 @@ def test_exit_status_signal_and_core_dump_are_those_of_the_untraced_program(tmp_
     assert seen["plain"][0] == {"segv": "SIGSEGV", "fpe": "SIGFPE", "abort": "SIGABRT"}[how]
     with open(tmp_path / "trace" / "rank-00000.native.txt") as fh:
         assert "begin crash" in fh.read()
+
+
+def test_a_rank_hung_in_a_native_lock_is_placed_there_by_its_native_frames(gloo_job, victim_lib):
+    # rank 1 never reaches the barrier: it waits on a lock it holds, in native code, with the GIL
+    # released; the rank's own thread signals it for its native frames once a stall is near
+    job = gloo_job(SCRIPT, 2, args=["lock"], env={"VICTIM_LIB": victim_lib, "COLLTRACE_STALL_S": "1.5"})
+    f = wait_finding(job, "stall")
+    job.kill()
+    job.wait(30)
+    r1 = f["ranks"]["1"]
+    assert f["missing_ranks"] == [1] and r1["state"] == "not_in_collective" and r1["stack_via"] == "in-process"
+    assert any(fr["object"] == "libvictim.so" and fr["symbol"] == "take_lock_twice" for fr in r1["native_frames"])
+    assert f"{loc('lock', SCRIPT)} (fused_mlp) (in native code: libvictim.so (take_lock_twice))" in f["summary"], f["summary"]
+
+
+LIVE_JOB = """
+import ctypes, os, sys, threading, time
+from colltrace.rank import crash
+from colltrace.tracefile import asks
+d = sys.argv[1]
+meta, keep = asks.install_signal(d, 0)
+crash.install(d, 0, [])
+meta.update(crash.install_stack(d, 0, meta["stack_signal"]))
+r = asks.StackResponder(d, 0, native=crash.main_stack)
+def serve():
+    while True:
+        r.poll(); time.sleep(0.02)
+threading.Thread(target=serve, daemon=True).start()
+lib = (ctypes.PyDLL if sys.argv[2] == "gil" else ctypes.CDLL)(os.environ["VICTIM_LIB"])
+import json; print(json.dumps(meta), flush=True)
+def hold():
+    lib.take_lock_twice()
+hold()
+"""
+
+
+@pytest.mark.parametrize("gil, route", [("free", "in-process"), ("gil", "signal")])
+def test_a_live_ranks_native_frames_by_its_own_thread_or_by_the_stack_signal(tmp_path, victim_lib, gil, route):
+    from colltrace.host import probes
+
+    p = subprocess.Popen([sys.executable, "-c", LIVE_JOB, str(tmp_path), gil], stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, "VICTIM_LIB": victim_lib})
+    try:
+        meta = json.loads(p.stdout.readline())
+        assert meta["native_stack"] is True
+        time.sleep(0.2)
+        got = probes.live_stacks(str(tmp_path), {0: (p.pid, meta)}, py_spy_ok=False, with_native={0})
+        assert p.poll() is None   # neither question ended it
+    finally:
+        p.kill()
+        p.wait()
+    frames, how, why, native = got[0]
+    assert how == route and frames[-1]["func"] == "hold", why
+    names = [(fr["object"], fr["symbol"]) for fr in native]
+    assert ("libvictim.so", "take_lock_twice") in names, names[:8]
+    assert native[0]["object"].startswith("libc.so")   # innermost: the lock's wait itself

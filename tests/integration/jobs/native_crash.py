@@ -1,7 +1,8 @@
 """Rank 1 dies in native code while rank 0 waits for it in a barrier: SIGSEGV in libc (memset on
 NULL through ctypes), or SIGSEGV, SIGFPE or an uncaught C++ exception in the small library the
 test built (VICTIM_LIB: tests/integration/jobs/victim.cpp); or ("own_handler") it takes a SIGSEGV
-its own handler, installed before colltrace's, recovers from, and the job goes on to the end."""
+its own handler, installed before colltrace's, recovers from, and the job goes on to the end; or
+("lock") it hangs in a lock it already holds, in native code (ctypes releases the GIL)."""
 import ctypes
 import os
 import sys
@@ -26,6 +27,8 @@ def fused_mlp(kind):
         lib.throw_uncaught(b"bad shape 7")  # op: throw
     elif kind == "own_handler":
         print("RECOVERED", lib.guarded_fault(), flush=True)  # op: own_handler
+    elif kind == "lock":
+        lib.take_lock_twice()  # op: lock
 
 
 dist.init_process_group("gloo")

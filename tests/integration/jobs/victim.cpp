@@ -1,5 +1,7 @@
 // A small native library the native-frames tests build with symbols (g++ -g): it crashes the
 // ways a custom kernel or extension does, and guards a fault with its own SIGSEGV handler.
+#include <pthread.h>
+
 #include <csetjmp>
 #include <csignal>
 #include <stdexcept>
@@ -53,6 +55,14 @@ int guarded_fault(void) {
         return 1;
     write_through_null(7);
     return 0;
+}
+
+static pthread_mutex_t the_lock = PTHREAD_MUTEX_INITIALIZER;
+
+// A hang in a C++ lock: takes a lock it already holds, and never returns.
+__attribute__((noinline)) void take_lock_twice(void) {
+    pthread_mutex_lock(&the_lock);
+    pthread_mutex_lock(&the_lock);
 }
 
 }  // extern "C"
