@@ -80,8 +80,8 @@ def place(e: dict) -> str:
     fr = named(frames)
     if fr is not None:
         text += f" in {frame_text(fr)}"
-        ex = e.get("exit") if isinstance(e.get("exit"), dict) else {}
-        if fr is not frames[0] and ex.get("signal") != "SIGABRT":   # an abort's innermost frames are abort()'s
+        ex = e.get("exit")
+        if fr is not frames[0] and not (isinstance(ex, dict) and ex.get("signal") == "SIGABRT"):   # an abort's innermost frames are abort()'s
             text += f" (innermost: {frame_text(frames[0])})"
     return text
 

@@ -132,8 +132,8 @@ def build(snap: schema.Snapshot, findings: list[Finding], culprits: list[int] | 
                            "ts": us(start), "dur": us(end) - us(start), "args": args})
         if not tids:   # a rank with no record still gets its track
             events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": 1, "args": {"name": "main"}})
-        ex = entry.get("exit") if isinstance(entry.get("exit"), dict) else {}
-        if entry.get("status") == "dead" and ex.get("signal"):   # how it died: its signal, where, in native code
+        ex = entry.get("exit")
+        if entry.get("status") == "dead" and isinstance(ex, dict) and ex.get("signal"):   # how it died: its signal, where, in native code
             died = entry.get("died_at")
             args = {"signal": ex["signal"], **_native_args(entry)}
             stack = entry.get("stack") or []

@@ -121,8 +121,10 @@ class Elf:
                 if not size or value > hi or value + size <= lo or not shndx or (info & 0xF) not in types:
                     continue
                 for a in vaddrs:
-                    if value <= a < value + size and a not in out:
-                        out[a] = (self._str(strtab, name), value)
+                    if value <= a < value + size:
+                        text = self._str(strtab, name)
+                        if a not in out or _better(text, value, *out[a]):
+                            out[a] = (text, value)
         return out
 
     def ifuncs(self) -> list[str]:
@@ -166,6 +168,14 @@ class Elf:
             starts.append(s["addr"] + initial)
         starts.sort()
         return starts
+
+
+def _better(name: str, start: int, than: str, than_start: int) -> bool:
+    """Of two symbols covering an address: the innermost (the later start), then of aliases the
+    name a program calls (getpid, not __getpid)."""
+    if start != than_start:
+        return start > than_start
+    return (len(name) - len(name.lstrip("_")), len(name)) < (len(than) - len(than.lstrip("_")), len(than))
 
 
 def _enc_size(enc: int) -> int | None:
