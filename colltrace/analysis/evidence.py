@@ -124,6 +124,8 @@ class Evidence:
                 e["native_frames"] = v.native
             if v.native_exception:
                 e["native_exception"] = v.native_exception
+            if v.native and v.native_other_thread:
+                e["native_other_thread"] = True
         self.mark_origins(v, e)
         return e
 

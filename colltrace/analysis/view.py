@@ -208,6 +208,7 @@ class RankView:
         self.native = _frames(entry.get("native_frames"))
         exc = entry.get("native_exception")
         self.native_exception = exc if isinstance(exc, dict) else None
+        self.native_other_thread = entry.get("native_other_thread") is True
         self.dead = self.status in (DEAD, EXITED)
         # died of its own fatal signal (faulthandler saw it), as opposed to killed from outside
         self.fatal = self.status == DEAD and bool(self.exit and self.exit.get("signal"))

@@ -58,6 +58,8 @@ def rank_entry(rank: int, meta: dict, status: str, exit_info, *, heartbeat, prog
             entry["stack"] = fault["frames"]
         if fault.get("native_frames"):
             entry["native_frames"] = fault["native_frames"]   # innermost first (tracefile/native.py)
+            if fault.get("native_other_thread"):
+                entry["native_other_thread"] = True   # another thread's than the Python stack shown
         if fault.get("native_exception"):
             entry["native_exception"] = fault["native_exception"]
     if exception:

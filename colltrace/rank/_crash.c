@@ -309,6 +309,8 @@ static void write_header(Out *o, const char *what, int sig, siginfo_t *info)
     out_dec(o, getpid());
     out_str(o, " tid=");
     out_dec(o, (long long)syscall(SYS_gettid));
+    out_str(o, " thread=");   /* pthread_self(), as faulthandler names threads */
+    out_hex(o, (uintptr_t)pthread_self());
     out_str(o, " t=");
     out_dec(o, (long long)ts.tv_sec);
     out_str(o, ".");

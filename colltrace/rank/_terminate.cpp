@@ -13,6 +13,7 @@
 namespace {
 
 int out_fd = -1;
+pid_t owner = 0;   // a forked child inherits the handler: it writes nothing
 std::terminate_handler previous = nullptr;
 
 void put(const char* s, size_t n) {
@@ -59,11 +60,18 @@ void put_escaped(const char* s, size_t cap) {
 
 void on_terminate() {
     static bool once = false;
-    if (!once && out_fd >= 0) {
+    if (!once && out_fd >= 0 && ::getpid() == owner) {
         once = true;
         std::type_info* t = abi::__cxa_current_exception_type();
         if (t != nullptr) {
-            put("exception type=");
+            char pid[24];
+            int n = 0;
+            for (pid_t v = owner; v > 0 && n < 20; v /= 10)
+                pid[n++] = static_cast<char>('0' + v % 10);
+            put("exception pid=");
+            while (n > 0)
+                put(&pid[--n], 1);
+            put(" type=");
             put_escaped(t->name(), 1024);
             put("\n");
             try {
@@ -92,6 +100,7 @@ void on_terminate() {
 
 extern "C" int colltrace_terminate_install(int fd) {
     out_fd = fd;
+    owner = ::getpid();
     std::terminate_handler now = std::get_terminate();
     if (now != on_terminate) {
         previous = now;

@@ -23,7 +23,7 @@ from colltrace.tracefile import native
 FATAL = ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT")
 LIVE_WAIT_S = 0.05     # a signal reaches a thread blocked in a system call at once
 
-_state: dict = {}      # this process's open files (pid -> (crash fd, maps fd))
+_state: dict = {}      # this process's open files: pid -> (native file's path, its fd, the maps' fd); "stack"
 
 
 def own_handlers() -> list[str]:
@@ -55,16 +55,20 @@ def install(directory: str, rank: int, handlers: list[str]) -> dict:
         rec["note"] = "native frames not kept: Linux only"
         return rec
     try:
-        fds = _state.get(os.getpid())
-        if fds is None:
+        path = native.native_path(directory, rank)
+        old = _state.get(os.getpid())
+        if old is None or old[0] != path:   # a process's first recorder, or one writing elsewhere
             flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC
-            fd = os.open(native.native_path(directory, rank), flags, 0o644)
-            maps = os.open("/proc/self/maps", os.O_RDONLY | os.O_CLOEXEC)
-            fds = _state[os.getpid()] = (fd, maps)
+            fd = os.open(path, flags, 0o644)
+            maps = old[2] if old is not None else os.open("/proc/self/maps", os.O_RDONLY | os.O_CLOEXEC)
+            _state[os.getpid()] = (path, fd, maps)
+        _, fd, maps = _state[os.getpid()]
         sigs = tuple(int(getattr(signal, s)) for s in FATAL if hasattr(signal, s))
-        _crash.install(fds[0], fds[1], sigs)
+        _crash.install(fd, maps, sigs)
         rec["crash"] = True
-        rec["terminate"] = bool(_crash.install_terminate(fds[0]))
+        rec["terminate"] = bool(_crash.install_terminate(fd))
+        if old is not None and old[0] != path:
+            os.close(old[1])   # the handlers write to the new file from now on
     except (OSError, ValueError) as exc:
         rec["note"] = f"native frames not kept: {exc}"
     return rec
@@ -85,7 +89,10 @@ def install_stack(directory: str, rank: int, sig: int | None) -> dict:
         _crash.install_stack(int(sig), fd)
     except (OSError, ValueError) as exc:
         return {"native_stack": False, "native_stack_note": str(exc)}
-    _state["stack"] = True
+    old = _state.get("stack")
+    if isinstance(old, int) and old != fd:
+        os.close(old)
+    _state["stack"] = fd
     return {"native_stack": True}
 
 
@@ -93,7 +100,7 @@ def main_stack(ident: int) -> list[dict] | None:
     """The native frames of thread `ident` (the main thread), asked from the rank's own poller
     thread: raw frames ({"address", "pc", "offset", "inode", "path"}), innermost first, named by
     the watchdog; None where it cannot be had."""
-    if _crash is None or not _state.get("stack"):
+    if _crash is None or _state.get("stack") is None:
         return None
     try:
         addrs = _crash.main_stack(int(ident), LIVE_WAIT_S)

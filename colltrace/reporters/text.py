@@ -43,7 +43,7 @@ def _where_instead(finding: Finding, rs: list[int], e: dict) -> str:
     if state == UNKNOWN:
         return f"{who} {verb_for(rs, 'has', 'have')} no trace in this snapshot (another host, or not started)"
     if state in (DEAD, EXITED):
-        text = f"{who} {exit_text(e)}"
+        text = f"{who} {exit_text(e)}{native_place(e)}"
         if e.get("op"):
             text += f" in {op_phrase(finding, e, full_group=False)} at {where(e)}"
         return text
@@ -206,7 +206,10 @@ def _dead_rank(f: DeadRank) -> str:
         text += f" (on {e['host']})"
     text += f" {exit_text(e)}"
     in_native = native_place(e)   # where in native code, and the C++ exception behind an abort
-    if in_native:
+    if in_native and e.get("native_other_thread"):   # a library's own thread crashed, not the Python line's
+        text += in_native + " on a thread with no Python frames" + (
+            f"; its main thread was at {user_location(e['stack'])}" if e.get("stack") else "")
+    elif in_native:
         text += in_native + (f", called from {user_location(e['stack'])}" if e.get("stack") else "")
     elif e.get("stack"):
         text += f"; it was at {user_location(e['stack'])} when it died"

@@ -4,9 +4,9 @@ rank takes a fatal signal (and, before an abort, the uncaught C++ exception's ty
 by colltrace/tracefile/symbols.py, outside the process that wrote them.
 
 The file, one line each:
-  exception type=<mangled type name>          (from std::terminate, before its abort)
+  exception pid=123 type=<mangled type name>  (from std::terminate, before its abort)
   what <the exception's what(), \\n escaped>
-  begin crash sig=11 code=1 addr=0x0 from=0 pid=123 tid=124 t=1732278000.123456
+  begin crash sig=11 code=1 addr=0x0 from=0 pid=123 tid=124 thread=0x7f.. t=1732278000.123456
   f <address> <p: the pc itself | r: a return address> <offset in the file> <dev> <inode> <path>
   end
   returned t=...                               (the program's own handler let it go on)
@@ -44,8 +44,10 @@ def parse(text: str) -> list[dict]:
     cur: dict | None = None
     for line in text.splitlines():
         if line.startswith("exception "):
-            m = _FIELD.search(line)
-            exception = {"type": _unescape(m.group(2)) if m else "?", "what": None}
+            fields = dict(_FIELD.findall(line))
+            pid = fields.get("pid", "0")
+            exception = {"type": _unescape(fields.get("type", "?")), "what": None,
+                         "pid": int(pid) if pid.isdigit() else 0}
         elif line.startswith("what ") and exception is not None:
             exception["what"] = _unescape(line[5:])
         elif line.startswith("begin "):
@@ -53,12 +55,13 @@ def parse(text: str) -> list[dict]:
             try:
                 cur = {"what": line.split()[1], "sig": int(fields.get("sig", 0)), "code": int(fields.get("code", 0)),
                        "sender": int(fields.get("from", 0)), "pid": int(fields.get("pid", 0)),
-                       "tid": int(fields.get("tid", 0)), "t": float(fields.get("t", 0)), "frames": [],
+                       "tid": int(fields.get("tid", 0)), "thread": int(fields.get("thread", "0"), 16),
+                       "t": float(fields.get("t", 0)), "frames": [],
                        "complete": False, "returned": None, "exception": None}
             except ValueError:
                 cur = None
                 continue
-            if cur["what"] == "crash" and exception is not None:
+            if cur["what"] == "crash" and exception is not None and exception["pid"] in (cur["pid"], 0):
                 cur["exception"], exception = exception, None
             blocks.append(cur)
         elif line.startswith("f ") and cur is not None:
@@ -83,7 +86,8 @@ def parse(text: str) -> list[dict]:
                 blocks[-1]["returned"] = 0.0
     if exception is not None and not any(b["exception"] for b in blocks):
         # std::terminate wrote it, and its abort did not reach a handler of colltrace's
-        blocks.append({"what": "exception", "sig": 0, "code": 0, "sender": 0, "pid": 0, "tid": 0, "t": 0.0,
+        blocks.append({"what": "exception", "sig": 0, "code": 0, "sender": 0, "pid": exception["pid"], "tid": 0,
+                       "thread": 0, "t": 0.0,
                        "frames": [], "complete": False, "returned": None, "exception": exception})
     return blocks
 
@@ -119,17 +123,17 @@ def exception_of(exc: dict | None) -> dict | None:
 
 def crash(text: str, pid: int | None = None) -> dict | None:
     """The rank's last fatal signal in its native file (of its own process: a forked child's is
-    not the rank's): {"signal", "code", "t", "native_frames", "native_exception", "returned",
-    "complete"}; None if none."""
+    not the rank's): {"signal", "code", "t", "thread" (the thread that took it, as faulthandler
+    names threads), "native_frames", "native_exception", "returned", "complete"}; None if none."""
     blocks = [b for b in parse(text) if b["what"] in ("crash", "exception") and (pid is None or b["pid"] in (pid, 0))]
     if not blocks:
         return None
     b = blocks[-1]
     if b["what"] == "exception":
-        return {"signal": None, "code": None, "t": None, "native_frames": [],
+        return {"signal": None, "code": None, "t": None, "thread": None, "native_frames": [],
                 "native_exception": exception_of(b["exception"]), "returned": None, "complete": False}
     name = SIGNALS.get(b["sig"])
-    return {"signal": name, "code": -b["sig"] if b["sig"] else None, "t": b["t"],
+    return {"signal": name, "code": -b["sig"] if b["sig"] else None, "t": b["t"], "thread": b["thread"] or None,
             "native_frames": frames(b["frames"]), "native_exception": exception_of(b["exception"]),
             "returned": b["returned"], "complete": b["complete"]}
 

@@ -68,7 +68,8 @@ def parse_fault(text: str, roots: dict | None = None) -> dict | None:
         # thread first, so the main thread is the last.
         current = next((t for t in reversed(threads) if user_frames(t["frames"])), current)
     frames = current["frames"] if current else []
-    return {"signal": signal, "code": code, "frames": frames, "threads": threads}
+    return {"signal": signal, "code": code, "frames": frames, "threads": threads,
+            "thread": current["thread"] if current else None}
 
 
 class RankTrace:
@@ -304,6 +305,11 @@ class RankTrace:
             # faulthandler's text (if any) is about a fault the rank lived through
             fault = {"signal": crash["signal"], "code": crash["code"], "frames": [], "threads": []}
         fault["native_frames"] = crash["native_frames"]
+        shown = fault.get("thread")
+        if shown and crash.get("thread") and int(shown, 16) != crash["thread"]:
+            # the thread that crashed has no frames of the user's (a library's own thread): the
+            # Python frames shown are another thread's, not the caller of these native frames
+            fault["native_other_thread"] = True
         if crash["native_exception"]:
             fault["native_exception"] = crash["native_exception"]
         if crash["returned"] is None and crash["signal"] in (self.native_info.get("own_handlers") or ()):

@@ -113,3 +113,11 @@ def test_the_module_is_built_at_install_on_every_python():
 
     assert crash._crash is not None, "colltrace/rank/_crash.c was not built at install (a C compiler is needed)"
     assert crash._crash.disposition(int(signal.SIGSEGV)) in (0, 1, 2)
+
+
+def test_native_frames_of_a_thread_without_python_frames_are_not_said_to_be_called_from_the_stack():
+    snap = dead_in_native()
+    snap["ranks"]["1"]["native_other_thread"] = True   # a library's own thread crashed (reader.fault)
+    (f,) = [x for x in verdict.findings_of(snap, 30.0, snap["taken_at"]) if x.kind == "dead_rank"]
+    assert ("(innermost: libc.so.6 (memset)) on a thread with no Python frames; its main thread was at "
+            "model.py:44 (fused_mlp).") in f.summary
