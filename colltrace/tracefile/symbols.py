@@ -199,6 +199,7 @@ class _Object:
         self._extra: list[Elf] | None = None
         self._ifunc: dict[int, str] | None = None
         self._starts: list[int] | None = None
+        self._named: dict[int, tuple[str, int] | None] = {}
 
     def extra(self) -> list[Elf]:
         """Symbol tables beyond the object's own: its separate debug file, its MiniDebugInfo."""
@@ -250,6 +251,16 @@ class _Object:
         return self._starts
 
     def names(self, vaddrs: list[int]) -> dict[int, tuple[str, int]]:
+        """{vaddr: (name, start)} for those something names; asked again (a file read while it
+        grew, a watchdog's every round), answered from what was found before."""
+        todo = [a for a in vaddrs if a not in self._named]
+        if todo:
+            found = self._find(todo)
+            for a in todo:
+                self._named[a] = found.get(a)
+        return {a: hit for a in vaddrs if (hit := self._named[a]) is not None}
+
+    def _find(self, vaddrs: list[int]) -> dict[int, tuple[str, int]]:
         found = self.elf.symbols_at(vaddrs)
         for elf in self.extra():
             missing = [a for a in vaddrs if a not in found]
