@@ -104,6 +104,8 @@ class Evidence:
             e["state"] = str(e.get("state"))
         else:
             e = {"state": NOT_IN_COLLECTIVE, "frames": v.stack or []}
+            if v.native:
+                e["native_frames"] = v.native
             if v.stack:
                 e["stack_at"] = v.entry.get("stack_at")
             else:
@@ -128,6 +130,12 @@ class Evidence:
                 e["stack"] = v.stack
                 if rec is None:
                     e["frames"] = v.stack
+            if v.native:
+                e["native_frames"] = v.native
+            if v.native_exception:
+                e["native_exception"] = v.native_exception
+            if v.native and v.native_other_thread:
+                e["native_other_thread"] = True
         self.mark_origins(v, e)
         return e
 

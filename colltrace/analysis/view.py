@@ -221,6 +221,11 @@ class RankView:
         fault = entry.get("fault")
         if not self.stack and isinstance(fault, dict):
             self.stack = _frames(fault.get("frames"))
+        # where it died in native code (or, alive, where its main thread is), innermost first
+        self.native = _frames(entry.get("native_frames"))
+        exc = entry.get("native_exception")
+        self.native_exception = exc if isinstance(exc, dict) else None
+        self.native_other_thread = entry.get("native_other_thread") is True
         self.dead = self.status in (DEAD, EXITED)
         # died of its own fatal signal (faulthandler saw it), as opposed to killed from outside
         self.fatal = self.status == DEAD and bool(self.exit and self.exit.get("signal"))

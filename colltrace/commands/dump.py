@@ -13,8 +13,32 @@ def _where(frames, roots=None) -> str:
     return located(frames, roots) or ""
 
 
-def timeline(ranks: dict, last: int | None, roots: dict | None = None) -> str:
-    """`roots`: {rank: its recorded roots}, to tell the user's frames from the frameworks'."""
+def _fault(tr) -> dict | None:
+    """How a rank's files say it died of a fatal signal: {"signal", "code", "frames" (innermost
+    last), "native_frames" (innermost first), "native_exception"}; None if it did not."""
+    f = tr.fault()
+    if not f or not f.get("signal"):
+        return None
+    return {k: f[k] for k in ("signal", "code", "frames", "native_frames", "native_exception") if f.get(k) is not None}
+
+
+def _fault_lines(fault: dict, roots) -> list[str]:
+    from colltrace.reporters import native
+
+    at = _where(fault.get("frames"), roots)
+    head = f"  died of {fault['signal']}" + (f" at {at}" if at else "")
+    exc = native.exception_text(fault.get("native_exception"))
+    if exc:
+        head += f" ({exc})"
+    frames = fault.get("native_frames")
+    if not frames:
+        return [head]
+    return [head + "; native frames, innermost first:"] + native.lines(frames, indent="    ")
+
+
+def timeline(ranks: dict, last: int | None, roots: dict | None = None, faults: dict | None = None) -> str:
+    """`roots`: {rank: its recorded roots}, to tell the user's frames from the frameworks';
+    `faults`: {rank: how it died of a fatal signal}, said after its records."""
     t0 = min((r["entered_at"] for recs in ranks.values() for r in recs), default=0.0)
     lines = []
     for rank, recs in ranks.items():
@@ -33,6 +57,8 @@ def timeline(ranks: dict, last: int | None, roots: dict | None = None) -> str:
             shapes = " ".join("x".join(map(str, s)) or "scalar" for s in r["shapes"][:3])
             lines.append(f"  {r['entered_at'] - t0:9.3f}s  group {r['group']:<4} {num:<8} {r['op']:<24} {r['state']:<9}{dur:<12} "
                          f"{shapes} {','.join(sorted(set(r['dtypes'])))}  {_where(r['frames'], (roots or {}).get(rank))}")
+        if faults and rank in faults:
+            lines.extend(_fault_lines(faults[rank], (roots or {}).get(rank)))
     return "\n".join(lines)
 
 
@@ -66,15 +92,18 @@ class DumpCommand:
         traces = reader.load_traces(args.dir)   # TraceError: one line, exit 2
         ranks = {str(tr.rank): tr.all_records() for tr in traces if not args.rank or tr.rank in args.rank}
         problems = [f"rank {tr.rank}: {tr.error}" for tr in traces if tr.error]
+        faults = {str(tr.rank): f for tr in traces if str(tr.rank) in ranks and (f := _fault(tr)) is not None}
         if args.json:
-            out = {"ranks": ranks}
+            out: dict = {"ranks": ranks}
+            if faults:
+                out["faults"] = faults   # the fatal signal each rank died of, where, in Python and native code
             if problems:
                 out["unreadable"] = problems
             sys.stdout.write(json.dumps(out, default=str))
             sys.stdout.write("\n")
         else:
             roots = {str(tr.rank): tr.meta.get("roots") for tr in traces}
-            sys.stdout.write(timeline(ranks, args.last, roots) + "\n")
+            sys.stdout.write(timeline(ranks, args.last, roots, faults) + "\n")
         for p in problems:
             sys.stderr.write(f"colltrace: {p}\n")
         return 2 if problems and not ranks else 0

@@ -12,6 +12,7 @@ from colltrace.tracefile import asks, reader, samples
 SUMMARY_RECORDS = 64          # recent records per rank sent to the analysis (open ones always)
 STACK_REFRESH_S = 1.0       # a suspect's stack is sampled this often: progress over time
 FR_WAIT_S = 0.5               # how long a round waits for the Flight Recorder answers it asked for
+NATIVE_BEFORE_S = 2.0         # a suspect's native frames are taken from this long before a stall is due
 
 
 def process_gone(pid: int | None) -> bool:
@@ -118,13 +119,15 @@ class NodeView:
     def refresh_stacks(self, ranks, native=False, force=False) -> None:
         now = time.time()
         due = []
+        native_due = self._native_due(((r, self.traces[r]) for r in ranks if r in self.traces), now)
         for rank in sorted(ranks):
             tr = self.traces.get(rank)
             if tr is None or rank in self.died_at:
                 continue
             have = self.live_stacks.get(rank)
-            if have and not force and now - have[0] < STACK_REFRESH_S and have[0] >= tr.last_event_t:
-                continue   # fresh, and the rank has not moved since
+            if (have and not force and now - have[0] < STACK_REFRESH_S and have[0] >= tr.last_event_t
+                    and (rank not in native_due or have[4] is not None)):
+                continue   # fresh, and the rank has not moved since (nor are its native frames due)
             due.append((rank, tr))
         # What they entered untraced (DDP's all-reduces): their Flight Recorders, answered by each
         # rank's own poller thread while py-spy reads the stacks below. All asked first.
@@ -133,15 +136,19 @@ class NodeView:
                 asks.request_fr(self.dir, rank)
             except OSError:
                 pass
-        got = probes.live_stacks(self.dir, {rank: (tr.meta.get("pid"), tr.meta) for rank, tr in due})
-        for rank, (frames, route, why) in got.items():
+        # the meta line, and whether colltrace's handler on the stack signal writes native frames
+        got = probes.live_stacks(self.dir, {rank: (tr.meta.get("pid"), dict(tr.meta, native_stack=bool(
+                                     tr.native_info.get("native_stack")))) for rank, tr in due},
+                                 with_native=native_due)
+        for rank, (frames, route, why, native_frames) in got.items():
             if frames is not None:
-                self.live_stacks[rank] = (now, frames, route, why)
+                # [] once asked for: not asked again before the next refresh
+                self.live_stacks[rank] = (now, frames, route, why, native_frames or ([] if rank in native_due else None))
                 act = self.activity.get(rank)
                 if act is not None:
                     act.add_stack(now, frames)
             else:
-                self.live_stacks[rank] = (0.0, None, None, why)
+                self.live_stacks[rank] = (0.0, None, None, why, None)
         # Judge on every asked rank's answer, not on whichever came first: a finding made from
         # half the answers would name half the ranks. A rank that cannot answer (hung with the
         # GIL held, dead) costs at most FR_WAIT_S.
@@ -151,6 +158,19 @@ class NodeView:
             pending = [r for r in pending if not asks.fr_answered(self.dir, r) and not process_gone(self.traces[r].meta.get("pid"))]
             if pending:
                 time.sleep(0.02)
+
+    def _native_due(self, due, now: float) -> set[int]:
+        """The ranks whose main thread's native frames to take in-process: those others have
+        waited for almost the job's stall threshold (a stall finding is near, a few rounds
+        away; taking them signals the rank's main thread, not done on every look at a late rank)."""
+        out = set()
+        for rank, tr in due:
+            act = self.activity.get(rank)
+            stall_s = tr.meta.get("stall_s")
+            if (act is not None and isinstance(stall_s, (int, float)) and tr.native_info.get("native_stack")
+                    and now - act.since >= max(float(stall_s) - NATIVE_BEFORE_S, 0.0)):
+                out.add(rank)
+        return out
 
     def sample(self, ranks) -> None:
         """CPU time (every round) of the ranks others wait for, from when they became suspects or

@@ -20,17 +20,20 @@ import json
 import os
 import time
 
-from colltrace.tracefile.asks import stack_answer_path, stack_request_path, stack_signal_path
+from colltrace.tracefile import native
+from colltrace.tracefile.asks import NATIVE_ASK, stack_answer_path, stack_request_path, stack_signal_path
 
 INPROC_WAIT_S = 0.4          # the poller wakes every poll period (0.1 s): a free GIL answers well within
 SIGNAL_WAIT_S = 0.5          # faulthandler writes in microseconds once the signal is delivered
 
 
 # -- watchdog side: the routes -------------------------------------------------------------------
-def ask(directory: str, rank: int) -> None:
+def ask(directory: str, rank: int, with_native: bool = False) -> None:
+    """with_native: the main thread's native frames too (the rank signals its own main thread:
+    asked only of a rank a stall is about to be reported on; colltrace/rank/crash.py)."""
     path = stack_request_path(directory, rank)
-    with open(path, "a"):
-        pass
+    with open(path, "w") as f:
+        f.write(NATIVE_ASK if with_native else "")
     os.utime(path, None)
 
 
@@ -54,6 +57,26 @@ def _main_frames(threads: list[dict]) -> list[dict] | None:
     return None
 
 
+def _main_native(threads: list[dict]) -> list[dict] | None:
+    """The main thread's native frames in an in-process answer, named here (not in the rank)."""
+    for th in threads:
+        if th.get("main") and isinstance(th.get("native"), list):
+            try:
+                return native.frames([f for f in th["native"] if isinstance(f, dict) and "address" in f]) or None
+            except (KeyError, TypeError, ValueError):
+                return None
+    return None
+
+
+def _read_native(directory: str, rank: int) -> list[dict] | None:
+    """The interrupted main thread's native frames colltrace's handler wrote on the stack signal."""
+    try:
+        with open(native.native_stack_path(directory, rank), errors="replace") as f:
+            return native.stack(f.read())
+    except OSError:
+        return None
+
+
 def _send_signal(directory: str, rank: int, pid: int, meta: dict) -> str | None:
     """Ask by signal; None if sent, else why not."""
     sig = meta.get("stack_signal")
@@ -61,6 +84,8 @@ def _send_signal(directory: str, rank: int, pid: int, meta: dict) -> str | None:
         return meta.get("stack_signal_note") or "no stack signal registered"
     try:
         os.truncate(stack_signal_path(directory, rank), 0)   # the rank appends (O_APPEND): its next dump starts the file
+        if meta.get("native_stack"):
+            os.truncate(native.native_stack_path(directory, rank), 0)   # colltrace's handler writes before faulthandler
         os.kill(pid, int(sig))
     except OSError as exc:
         return f"signal: {exc.strerror or exc}"
@@ -121,15 +146,18 @@ def by_signal(directory: str, ranks: dict[int, tuple[int, dict]]) -> dict[int, t
     return out
 
 
-def live_stacks(directory: str, due: dict[int, tuple[int, dict]], py_spy_ok: bool = True) -> dict[int, tuple]:
-    """{rank: (pid, meta)} -> {rank: (frames or None, route, [why other routes failed])}.
-    Every rank is asked in-process first, all at once; the rest by signal, then py-spy."""
+def live_stacks(directory: str, due: dict[int, tuple[int, dict]], py_spy_ok: bool = True,
+                with_native=()) -> dict[int, tuple]:
+    """{rank: (pid, meta)} -> {rank: (frames or None, route, [why other routes failed], native
+    frames or None)}. Every rank is asked in-process first, all at once; the rest by signal,
+    then py-spy. with_native: the ranks whose main thread's native frames are wanted in-process
+    too (the signal's handler writes them anyway, where the rank installed it)."""
     from colltrace.host import stacks
 
     out: dict[int, tuple] = {}
     for rank in due:
         try:
-            ask(directory, rank)
+            ask(directory, rank, with_native=rank in with_native and bool(due[rank][1].get("native_stack")))
         except OSError:
             pass
     deadline = time.monotonic() + INPROC_WAIT_S
@@ -141,7 +169,7 @@ def live_stacks(directory: str, due: dict[int, tuple[int, dict]], py_spy_ok: boo
             if data is not None:
                 frames = _main_frames(data.get("threads") or [])
                 if frames is not None:
-                    out[rank] = (frames, "in-process", [])
+                    out[rank] = (frames, "in-process", [], _main_native(data.get("threads") or []))
                     pending.discard(rank)
     signalled = by_signal(directory, {r: due[r] for r in sorted(pending)})
     for rank in sorted(pending):
@@ -149,16 +177,16 @@ def live_stacks(directory: str, due: dict[int, tuple[int, dict]], py_spy_ok: boo
         why = ["in-process: no answer in %.1f s (the GIL is held)" % INPROC_WAIT_S]
         frames, err = signalled[rank]
         if frames is not None:
-            out[rank] = (frames, "signal", why)
+            out[rank] = (frames, "signal", why, _read_native(directory, rank) if meta.get("native_stack") else None)
             continue
         why.append(err)
         if py_spy_ok:
             threads = stacks.dump(pid, timeout=5)
             if threads.get("_main") is not None:
-                out[rank] = (threads["_main"], "py-spy", why)
+                out[rank] = (threads["_main"], "py-spy", why, None)
                 continue
             why.append("py-spy: " + str(threads.get("_error")))
-        out[rank] = (None, None, why)
+        out[rank] = (None, None, why, None)
     return out
 
 

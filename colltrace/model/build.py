@@ -18,7 +18,8 @@ FRAMES_NEAR_USER = 12   # frames kept around the innermost user frame when compa
 
 
 NO_TRACE_NOTE = "gone without a trace: killed (SIGKILL/SIGTERM) or exited in native code"
-SAVED_LIVE_KEYS = ("status", "exit", "died_at", "stack", "stack_at", "pid", "host")
+# native frames too: the watchdog named them on the rank's own host, where its libraries are
+SAVED_LIVE_KEYS = ("status", "exit", "died_at", "stack", "stack_at", "pid", "host", "native_frames", "native_exception")
 
 
 def unreadable_entry(rank: int, error: str) -> dict:
@@ -55,6 +56,12 @@ def rank_entry(rank: int, meta: dict, status: str, exit_info, *, heartbeat, prog
         entry["fault"] = fault
         if fault["frames"]:
             entry["stack"] = fault["frames"]
+        if fault.get("native_frames"):
+            entry["native_frames"] = fault["native_frames"]   # innermost first (tracefile/native.py)
+            if fault.get("native_other_thread"):
+                entry["native_other_thread"] = True   # another thread's than the Python stack shown
+        if fault.get("native_exception"):
+            entry["native_exception"] = fault["native_exception"]
     if exception:
         entry["exception"] = exception
         if not entry["stack"] and exception.get("frames"):
@@ -73,7 +80,7 @@ def host_entry(entry: dict, *, keep_records: int, died_at: float | None, live_st
     """What the host adds to a rank's entry from watching it: the recent records (open ones
     always), dead or alive from its process, its live stack while the rank has done nothing since
     it was taken, and its activity (progressing, blocked in I/O, frozen).
-    live_stack: (taken at, frames, route, why other routes failed) or None."""
+    live_stack: (taken at, frames, route, why other routes failed[, native frames]) or None."""
     e = entry
     recs = e["records"]
     if len(recs) > keep_records:
@@ -85,9 +92,20 @@ def host_entry(entry: dict, *, keep_records: int, died_at: float | None, live_st
             e["exit"] = {"signal": None, "note": NO_TRACE_NOTE}
     elif e["status"] == UNKNOWN:
         e["status"] = ALIVE
+    elif e["status"] == DEAD and (e.get("fault") or {}).get("native_pending"):
+        # a fatal signal the program handles itself, and its process lives: its handler may let
+        # it go on (tracefile/reader.py); dead once the process is gone
+        e["status"], e["exit"] = ALIVE, None
+        if e.get("stack") is e["fault"].get("frames"):
+            e["stack"] = None   # the fault's stack is not where it is, if it goes on
+        e["fault"] = None
+        e.pop("native_frames", None)
+        e.pop("native_exception", None)
     if live_stack and e["status"] == ALIVE and live_stack[0] >= last_event_t:
         e["stack_at"], e["stack"] = live_stack[0], live_stack[1]   # only while the rank has done nothing since it was taken
         e["stack_via"] = live_stack[2]
+        if len(live_stack) > 4 and live_stack[4]:
+            e["native_frames"] = live_stack[4]   # the main thread's native frames then (host/probes.py)
     elif live_stack and live_stack[3] and e["status"] == ALIVE and not e.get("stack"):
         e["stack_errors"] = live_stack[3]
     if activity is not None and e["status"] == ALIVE:
@@ -145,7 +163,7 @@ def add_saved_stacks(snap: Snapshot, saved: dict) -> None:
         theirs = ranks.get(rank)
         if entry.get("status") == ALIVE and not entry.get("stack") and isinstance(theirs, dict) and theirs.get("stack"):
             entry["stack"], entry["stack_at"] = theirs["stack"], theirs.get("stack_at")
-            for k in ("stack_via", "activity"):   # which route gave it; busy, frozen or blocked in I/O
+            for k in ("stack_via", "activity", "native_frames"):   # which route gave it; busy, frozen or blocked in I/O
                 if theirs.get(k):
                     entry[k] = theirs[k]
 

@@ -84,6 +84,9 @@ class RankEntry(TypedDict, total=False):
     stack: Optional[list]
     stack_at: Optional[float]
     fault: Optional[dict]
+    native_frames: list         # where it died (or, alive, where its main thread is) in native code, innermost first
+    native_exception: dict      # the uncaught C++ exception behind its abort: {"type", "what"}
+    native_other_thread: bool   # its native frames are a thread's without Python frames, not the stack's
     job: Optional[str]
     lost_slots: int             # ring slots overwritten before they were read
     stall_s: Optional[float]    # the rank's own COLLTRACE_STALL_S

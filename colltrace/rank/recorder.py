@@ -17,7 +17,7 @@ import time
 import traceback
 import weakref
 
-from colltrace.rank import calls, fastpath, flightrecorder, sampler
+from colltrace.rank import calls, crash, fastpath, flightrecorder, sampler
 from colltrace import origins
 from colltrace.tracefile import asks, ringfile, storage
 from colltrace.tracefile.ringfile import (COMPLETE, ENTER, F_DONE, F_P2P, F_UNOBSERVED, FAIL, RETURN, UNTRACED,
@@ -172,7 +172,7 @@ class Recorder:
         atexit.register(self._at_exit)
         self.ring.heartbeat(_time())
         self._flight_recorder = flightrecorder.Responder(d, rank)
-        self._stack_responder = asks.StackResponder(d, rank)
+        self._stack_responder = asks.StackResponder(d, rank, native=crash.main_stack)
         self._sampler = sampler.Sampler(d, rank)   # where it is while others wait, when the watchdog asks
         self._poller = threading.Thread(target=self._poll_loop, name="colltrace-poller", daemon=True)
         self._poller.start()
@@ -213,15 +213,21 @@ class Recorder:
     def _install_fault_handler(self):
         # Leave a user's own faulthandler setup alone; otherwise dump every thread's stack to
         # our file on SIGSEGV/SIGABRT/SIGBUS/SIGFPE/SIGILL so the watchdog can name the signal.
+        # Then, above whichever handler is there, the native frames' (colltrace/rank/crash.py).
+        own = crash.own_handlers()   # before faulthandler's: the program's own, if any
         if faulthandler.is_enabled():
             self.defs.write({"k": "note", "text": "faulthandler already enabled by the program; fatal-signal stacks go where it chose"})
-            return
-        try:
-            self._fault_file = open(self.fault_path, "w")
-        except OSError as exc:   # fatal-signal stacks are lost, nothing else
-            self.defs.write({"k": "note", "text": f"no fault file: {storage.describe(exc)}"})
-            return
-        faulthandler.enable(file=self._fault_file, all_threads=True)
+        else:
+            try:
+                self._fault_file = open(self.fault_path, "w")
+            except OSError as exc:   # fatal-signal stacks are lost, nothing else
+                self.defs.write({"k": "note", "text": f"no fault file: {storage.describe(exc)}"})
+            else:
+                faulthandler.enable(file=self._fault_file, all_threads=True)
+        rec = crash.install(self.settings.dir, self.rank, own)
+        if self._stack_signal_file is not None and rec.get("crash"):
+            rec.update(crash.install_stack(self.settings.dir, self.rank, asks.stack_signal()))
+        self.defs.write(rec)
 
     def _excepthook(self, etype, value, tb):
         try:

@@ -26,6 +26,8 @@ from colltrace.reporters.phrases import (PENDING_STATES, behind_clause, capitali
 from colltrace.reporters.locations import classes, locations_text, user_location, where
 from colltrace.reporters.stacks import render_stack_classes
 from colltrace.reporters.activity import activity_clause
+from colltrace.reporters.native import live_clause, render_native_frames
+from colltrace.reporters.native import place as native_place
 from colltrace.reporters.advice import advice
 from colltrace.reporters.stragglers import render_stragglers
 from colltrace.reporters.culprits import culprit_paragraph
@@ -41,7 +43,7 @@ def _where_instead(finding: Finding, rs: list[int], e: dict) -> str:
     if state == UNKNOWN:
         return f"{who} {verb_for(rs, 'has', 'have')} no trace in this snapshot (another host, or not started)"
     if state in (DEAD, EXITED):
-        text = f"{who} {exit_text(e)}"
+        text = f"{who} {exit_text(e)}{native_place(e)}"
         if e.get("op"):
             text += f" in {op_phrase(finding, e, full_group=False)} at {where(e)}"
         return text
@@ -52,6 +54,7 @@ def _where_instead(finding: Finding, rs: list[int], e: dict) -> str:
         return text
     if e.get("frames"):
         text = f"{who} {verb_for(rs, 'is', 'are')} in no blocking collective: {verb_for(rs, 'its', 'their')} live stack is at {where(e)}"
+        text += live_clause(e)
         flight = [x for x in e.get("in_flight") or [] if isinstance(x, dict)]
         if flight:
             x = flight[-1]
@@ -219,7 +222,13 @@ def _dead_rank(f: DeadRank) -> str:
     if e.get("host"):
         text += f" (on {e['host']})"
     text += f" {exit_text(e)}"
-    if e.get("stack"):
+    in_native = native_place(e)   # where in native code, and the C++ exception behind an abort
+    if in_native and e.get("native_other_thread"):   # a library's own thread crashed, not the Python line's
+        text += in_native + " on a thread with no Python frames" + (
+            f"; its main thread was at {user_location(e['stack'])}" if e.get("stack") else "")
+    elif in_native:
+        text += in_native + (f", called from {user_location(e['stack'])}" if e.get("stack") else "")
+    elif e.get("stack"):
         text += f"; it was at {user_location(e['stack'])} when it died"
     text += "."
     last = f.last_collective
@@ -364,6 +373,9 @@ def render_report(findings: list[Finding]) -> str:
         classes_text = render_stack_classes(f)
         if classes_text:
             block += "\n" + classes_text
+        native_text = render_native_frames(f)
+        if native_text:
+            block += "\n" + native_text
         block += render_same_kind(f)
         out.append(block)
     return "\n\n".join(out)

@@ -16,6 +16,7 @@ from colltrace.analysis.stragglers import arrivals
 from colltrace.model import schema
 from colltrace.model.finding import Finding
 from colltrace.model.schema import COMPLETED, FAILED
+from colltrace.reporters import native
 
 PENDING = ("waiting", "in_flight", "queued")
 
@@ -37,6 +38,18 @@ def _name(r: dict) -> str:
     if r.get("p2p"):
         return f"{r.get('op')} peer {r.get('peer')}"
     return f"{r.get('op')} #{r.get('seq')}"
+
+
+def _native_args(e: dict) -> dict:
+    """A rank's native frames (innermost first) and C++ exception, as an event's args show them."""
+    out: dict = {}
+    frames = native.valid(e.get("native_frames"))
+    if frames:
+        out["native_frames"] = [native.frame_text(fr, offset=True) for fr in frames]
+    exc = native.exception_text(e.get("native_exception"))
+    if exc:
+        out["exception"] = exc
+    return out
 
 
 def build(snap: schema.Snapshot, findings: list[Finding], culprits: list[int] | None = None) -> dict:
@@ -119,14 +132,26 @@ def build(snap: schema.Snapshot, findings: list[Finding], culprits: list[int] | 
                            "ts": us(start), "dur": us(end) - us(start), "args": args})
         if not tids:   # a rank with no record still gets its track
             events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": 1, "args": {"name": "main"}})
+        ex = entry.get("exit")
+        if entry.get("status") == "dead" and isinstance(ex, dict) and ex.get("signal"):   # how it died: its signal, where, in native code
+            died = entry.get("died_at")
+            args = {"signal": ex["signal"], **_native_args(entry)}
+            stack = entry.get("stack") or []
+            if stack:
+                args["where"] = " <- ".join(f"{f.get('file')}:{f.get('line')} ({f.get('func')})"
+                                            for f in reversed(stack[-6:]) if isinstance(f, dict))
+            events.append({"ph": "i", "s": "p", "name": f"died of {ex['signal']}", "cat": "death", "pid": rank,
+                           "tid": 0, "ts": us(float(died) if isinstance(died, (int, float)) else taken_at),
+                           "args": args})
     for i, f in enumerate(findings):
         t = us(float(f.detected_at or taken_at))
         name = f"{f.kind}: group {f.group.get('name')} #{f.seq}"
         args = {"summary": f.summary, "missing_ranks": f.missing_ranks, "key": f.key}
         events.append({"ph": "i", "s": "g", "name": name, "cat": "finding", "pid": 0, "tid": 0, "ts": t, "args": args})
         for who in sorted({int(x) for x in f.ranks} & set(ranks)):
+            e = f.ranks.get(str(who))
             events.append({"ph": "i", "s": "p", "name": name, "cat": "finding", "pid": who, "tid": 0, "ts": t,
-                           "args": {"key": f.key}})
+                           "args": {"key": f.key, **(_native_args(e) if isinstance(e, dict) else {})}})
     for who in culprits:
         if who in ranks:
             events.append({"ph": "i", "s": "p", "name": "culprit", "cat": "finding", "pid": who, "tid": 0,

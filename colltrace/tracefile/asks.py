@@ -24,6 +24,7 @@ import time
 from colltrace import origins
 
 SIGNAL_OFFSET = 7            # SIGRTMIN+7: a real-time signal programs seldom use
+NATIVE_ASK = "native"        # a stack request whose text is this asks for native frames too
 # Flight Recorder's dtype names -> torch's short names, as the trace records them
 DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64",
           "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool",
@@ -135,8 +136,9 @@ def _frames_of(frame, limit: int = 128) -> list[dict]:
     return out
 
 
-def current_stacks() -> dict:
-    """Every thread's stack (innermost last), but for the caller's own thread."""
+def current_stacks(native=None) -> dict:
+    """Every thread's stack (innermost last), but for the caller's own thread. native(ident):
+    the main thread's native frames (colltrace/rank/crash.py's main_stack), or None."""
     me = threading.get_ident()
     names = {t.ident: t.name for t in threading.enumerate()}
     main = threading.main_thread().ident
@@ -144,19 +146,34 @@ def current_stacks() -> dict:
     for ident, frame in sys._current_frames().items():
         if ident == me:
             continue
-        threads.append({"ident": ident, "name": names.get(ident, str(ident)), "main": ident == main,
-                        "frames": _frames_of(frame)})
+        th = {"ident": ident, "name": names.get(ident, str(ident)), "main": ident == main, "frames": _frames_of(frame)}
+        if native is not None and ident == main:
+            raw = native(ident)
+            if raw:
+                th["native"] = raw   # raw addresses with their objects: the watchdog names them
+        threads.append(th)
     return {"t": time.time(), "threads": threads}
 
 
-class StackResponder(Responder):
-    """Rank side: answers the watchdog's request with every thread's stack."""
+def wants_native(path: str) -> bool:
+    """Whether a stack request asks for the main thread's native frames too (its text says so)."""
+    try:
+        with open(path) as f:
+            return f.read(16).startswith(NATIVE_ASK)
+    except OSError:
+        return False
 
-    def __init__(self, directory: str, rank: int):
+
+class StackResponder(Responder):
+    """Rank side: answers the watchdog's request with every thread's stack, and the main
+    thread's native frames when the request asks for them (`native`: how to take them)."""
+
+    def __init__(self, directory: str, rank: int, native=None):
         super().__init__(stack_request_path(directory, rank), stack_answer_path(directory, rank))
+        self.native = native
 
     def answer(self) -> dict:
-        return current_stacks()
+        return current_stacks(self.native if self.native is not None and wants_native(self.req) else None)
 
 
 # -- the rank's Flight Recorder ------------------------------------------------------------------

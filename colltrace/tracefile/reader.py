@@ -13,7 +13,7 @@ import re
 
 from colltrace import origins
 from colltrace.words import group_desc
-from colltrace.tracefile import asks, batchlog, endings, ringfile, samples
+from colltrace.tracefile import asks, batchlog, endings, native, ringfile, samples
 from colltrace.tracefile.ringfile import (COMPLETE, ENTER, F_ASYNC, F_DIGEST, F_DONE, F_P2P, F_UNOBSERVED, FAIL,
                                           RETURN, UNTRACED, WAIT, WAITED)
 from colltrace.errors import InputError
@@ -70,7 +70,8 @@ def parse_fault(text: str, roots: dict | None = None) -> dict | None:
         # thread first, so the main thread is the last.
         current = next((t for t in reversed(threads) if user_frames(t["frames"])), current)
     frames = current["frames"] if current else []
-    return {"signal": signal, "code": code, "frames": frames, "threads": threads}
+    return {"signal": signal, "code": code, "frames": frames, "threads": threads,
+            "thread": current["thread"] if current else None}
 
 
 class RankTrace:
@@ -83,6 +84,8 @@ class RankTrace:
         self.ring = ringfile.RingReader(base + ".ring")
         self.defs = ringfile.DefsReader(base + ".defs.jsonl")
         self.fault_path = base + ".fault.txt"
+        self.native_path = native.native_path(directory, rank)
+        self.native_info: dict = {}   # the rank's {"k": "native"} record: what it keeps of native frames
         self.meta: dict = {}
         self.exit: dict | None = None
         self.exception: dict | None = None
@@ -101,6 +104,7 @@ class RankTrace:
         self.window = window
         self.error: str | None = None
         self._fault: dict | None = None
+        self._native: tuple | None = None   # (size read, pid, the last crash it says) of rank-N.native.txt
         self._fr: tuple | None = None   # (mtime, the Flight Recorder dump) read from rank-N.fr.json
         self.last_event_t = 0.0   # time of the newest slot read: a live stack older than it is stale
         self.digests = False   # some record carries an input digest (COLLTRACE_DIGEST)
@@ -144,6 +148,8 @@ class RankTrace:
                 self.errors[int(d["rec"])] = d
             elif k == "note":
                 self.notes.append(str(d.get("text", "")))
+            elif k == "native":
+                self.native_info = d
             elif k in batchlog.KINDS:
                 self.batches.apply(d)
         except (KeyError, TypeError, ValueError):
@@ -176,6 +182,7 @@ class RankTrace:
             # The fault report before the ring: a rank seen dead is then never seen short of what
             # it wrote before it died (its last collective returned, say).
             self._read_fault()
+            self._read_native()
             slots = self.ring.poll()        # slots first: every def they use is already written
             for d in self.defs.poll():
                 self._apply_def(d)
@@ -321,14 +328,71 @@ class RankTrace:
         return recs
 
     def fault(self) -> dict | None:
-        """faulthandler's report, as read by the last poll() (before the ring: see poll)."""
+        """faulthandler's report, as read by the last poll() (before the ring: see poll), with the
+        native frames colltrace's own handler kept (`native_frames`, innermost first, and
+        `native_exception`: the uncaught C++ exception behind an abort). A fatal signal the
+        program's own handler survived is no fault; one it may still survive is `native_pending`."""
         if self._fault is not None and self._fault.get("roots") is None and self.meta.get("roots"):
             # read before the meta record: pick the thread again, with the rank's own roots
             self._fault = dict(parse_fault(self._fault["text"], self.meta["roots"]), text=self._fault["text"],
                                roots=self.meta["roots"])
-        if self._fault is None:
-            return None
-        return {k: v for k, v in self._fault.items() if k not in ("text", "roots")}
+        fault = None if self._fault is None else {k: v for k, v in self._fault.items() if k not in ("text", "roots")}
+        crash = self._native_crash()
+        if crash is None:
+            return fault
+        if crash["signal"] is None:   # std::terminate wrote the exception; no handler of ours saw the abort
+            if fault is not None and crash["native_exception"]:
+                fault["native_exception"] = crash["native_exception"]
+            return fault
+        if self._survived(crash):
+            return None   # the program's own handler let it go on: not where it is, nor how it ended
+        if crash.get("earlier_survived") or fault is None or not fault.get("signal"):
+            # faulthandler's text (if any) is about a fault the rank lived through
+            fault = {"signal": crash["signal"], "code": crash["code"], "frames": [], "threads": []}
+        fault["native_frames"] = crash["native_frames"]
+        shown = fault.get("thread")
+        if shown and crash.get("thread") and int(shown, 16) != crash["thread"]:
+            # the thread that crashed has no frames of the user's (a library's own thread): the
+            # Python frames shown are another thread's, not the caller of these native frames
+            fault["native_other_thread"] = True
+        if crash["native_exception"]:
+            fault["native_exception"] = crash["native_exception"]
+        if crash["returned"] is None and crash["signal"] in (self.native_info.get("own_handlers") or ()):
+            fault["native_pending"] = True   # the program's handler runs: dead once its process is gone
+        return fault
+
+    def _survived(self, crash: dict) -> bool:
+        """The program's own handler let the rank go on after this fatal signal: it said so, or
+        the rank wrote its exit or its exception after it (siglongjmp out of the handler)."""
+        if crash["returned"] is not None:
+            return True
+        t = crash.get("t") or 0.0
+        later = [d.get("t") for d in (self.exit, self.exception) if d]
+        return bool(t) and any(isinstance(x, (int, float)) and x > t for x in later)
+
+    def _read_native(self) -> None:
+        try:
+            size = os.path.getsize(self.native_path)
+        except OSError:
+            return
+        if self._native is not None and self._native[0] == size and self._native[1] == self.meta.get("pid"):
+            return
+        try:
+            with open(self.native_path, errors="replace") as f:
+                text = f.read()
+        except OSError:
+            return
+        pid = self.meta.get("pid")
+        blocks = [b for b in native.parse(text) if b["what"] == "crash" and (pid is None or b["pid"] == pid)]
+        crash = native.crash(text, pid)
+        if crash is not None:
+            crash["earlier_survived"] = any(b["returned"] is not None for b in blocks[:-1])
+        self._native = (size, pid, crash)
+
+    def _native_crash(self) -> dict | None:
+        if self._native is not None and self._native[1] != self.meta.get("pid"):
+            self._read_native()   # read before the meta record: the rank's own process only
+        return self._native[2] if self._native is not None else None
 
     def _read_fault(self) -> None:
         if self._fault is not None and self._fault.get("signal"):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from colltrace.reporters import phrases, stacks, text as report
+from colltrace.reporters import native, phrases, stacks, text as report
 from colltrace.reporters.locations import located
 from colltrace.words import format_ranks, frame_text, short_ranks
 from colltrace.model.finding import Finding
@@ -78,8 +78,22 @@ def finding_view(finding: Finding) -> dict:
     return {"kind": str(finding.kind or "finding"), "key": str(finding.key or text[:80]),
             "detected_at": _num(finding.detected_at), "group": group.get("name"), "seq": finding.seq,
             "missing_ranks": format_ranks(missing) if all(isinstance(r, int) for r in missing) else "",
-            "paragraph": text, "stacks": stacks, "more_stacks": more,
+            "paragraph": text, "stacks": stacks, "more_stacks": more, "native": _native_frames(finding),
             "look_first": finding.look_first if isinstance(finding.look_first, dict) else None}
+
+
+def _native_frames(finding: Finding) -> list[dict]:
+    """Every native frame of the finding's ranks: [{"rank", "caption", "frames": [line, ...]}]."""
+    out = []
+    ranks = finding.ranks if isinstance(finding.ranks, dict) else {}
+    for rank, e in ranks.items():
+        frames = native.valid(e.get("native_frames")) if isinstance(e, dict) else []
+        if not frames:
+            continue
+        exc = native.exception_text(e.get("native_exception"))
+        out.append({"rank": str(rank), "caption": f"native frames of rank {rank}, innermost first" + (f"; {exc}" if exc else ""),
+                    "frames": [line.strip() for line in native.lines(frames, indent="")]})
+    return sorted(out, key=lambda x: int(x["rank"]) if x["rank"].lstrip("-").isdigit() else 0)
 
 
 # -- ranks ----------------------------------------------------------------------------------------
@@ -107,7 +121,7 @@ def rank_state(entry: dict, now: float) -> dict:
     if status == UNREADABLE:
         out["where"] = str(entry.get("error") or "unreadable")
     # how it ended: "ended by colltrace (abort: deadlock) at 14:37:17", "died of SIGSEGV", ...
-    out["ending"] = phrases.exit_text(entry) if status in GONE else None
+    out["ending"] = phrases.exit_text(entry) + native.place(entry) if status in GONE else None
     return out
 
 

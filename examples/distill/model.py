@@ -38,10 +38,10 @@ class Student(nn.Module):
 
 
 def fused_mlp(mlp: nn.Module, x: torch.Tensor, crash: bool = False) -> torch.Tensor:
-    """Stands in for a custom native kernel. With the segfault switch it dereferences NULL, as
-    a broken extension does: the process dies of SIGSEGV and no Python handler runs."""
+    """Stands in for a custom native kernel. With the segfault switch it writes through NULL, as
+    a broken extension does: the process dies of SIGSEGV in libc's memset, no Python handler runs."""
     if crash and bugs.on("segfault"):
-        ctypes.string_at(0)  # bug: segfault
+        ctypes.memset(0, 0, 64)  # bug: segfault
     return mlp(x)
 
 

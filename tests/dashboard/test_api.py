@@ -270,3 +270,22 @@ def test_1024_ranks_stay_a_handful_of_rows(tmp_path):
     assert len(view["timeline"]["rows"]) <= 16
     assert page.text.count("<tr") < 80 and len(page.content) < 120_000
     assert len(api.content) < 120_000
+
+
+def test_a_rank_dead_in_native_code_shows_every_native_frame():
+    from colltrace import verdict
+    from helpers.native import NATIVE, dead_in_native
+
+    snap = dead_in_native(exception={"type": "std::runtime_error", "what": "bad shape"})
+    reading = Reading(snap, verdict.findings_of(snap, 30.0, snap["taken_at"]), snap["taken_at"], "post-mortem")
+    with client(StaticSource(reading)) as c:
+        view = c.get("/api/view").json()
+        page = c.get("/").text
+    (f,) = [x for x in view["findings"] if x["kind"] == "dead_rank"]
+    (n,) = f["native"]
+    assert n["rank"] == "1" and n["caption"].endswith("; an uncaught std::runtime_error: bad shape")
+    assert n["frames"][0] == "#0 libc.so.6 (memset+0x1c)  /usr/lib/libc.so.6" and len(n["frames"]) == len(NATIVE)
+    assert "in libtorch_cpu.so (at::native::fill_" in f["paragraph"]
+    rows = {r["ranks"]: r for r in view["ranks"]["classes"]}
+    assert rows["1"]["ending"].startswith("died of SIGSEGV (an uncaught std::runtime_error: bad shape) in libtorch_cpu.so")
+    assert html_mod.escape("#1 libtorch_cpu.so (at::native::fill_(at::Tensor&, c10::Scalar const&)+0x2a0)") in page

@@ -131,6 +131,10 @@ def test_segfault_mid_step_is_a_dead_rank_with_its_line(torchrun_job, tmp_path):
     assert f["rank"] == 1 and f["exit"]["signal"] == "SIGSEGV" and f["ranks"]["1"]["state"] == "dead"
     assert {mark("segfault"), mark("forward")} <= lines(f["ranks"]["1"])
     assert mark("segfault") in f["summary"] and "SIGSEGV" in f["summary"]
+    # where in native code, as the dying rank saw it (innermost first), said with its Python line
+    native = f["ranks"]["1"]["native_frames"]
+    assert (native[0]["object"], native[0]["symbol"]) == ("libc.so.6", "memset"), native[:4]
+    assert f"died of SIGSEGV in libc.so.6 (memset), called from {mark('segfault')} (fused_mlp)" in f["summary"]
     # the teacher waits (or failed, once gloo saw the peer go) in its gather for the dead rank
     assert f["ranks"]["3"]["op"] == "gather" and mark("teacher_gather") in lines(f["ranks"]["3"])
     assert f["last_collective"]["op"] == "scatter"

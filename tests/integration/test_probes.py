@@ -97,7 +97,7 @@ def test_the_rank_answers_a_stack_request_from_its_own_thread(tmp_path):
     finally:
         p.kill()
         p.wait()
-    frames, route, _ = got[0]
+    frames, route, _, _ = got[0]
     assert route == "in-process" and frames[-1]["func"] == "nap"
 
 
@@ -121,7 +121,7 @@ def test_faulthandler_answers_by_signal_while_the_gil_is_held(tmp_path):
     finally:
         p.kill()
         p.wait()
-    frames, route, why = got[0]
+    frames, route, why, native_frames = got[0]
     assert route == "signal" and frames[-1]["func"] == "match" and frames[-2]["func"] == "spin", why
     assert os.path.exists(asks.stack_signal_path(str(tmp_path), 0))
 

@@ -46,6 +46,10 @@
       if (f.more_stacks) body.append(h("tr", {}, h("td", {colspan: 2}, "… " + f.more_stacks)));
       art.append(h("table", {className: "stacks"}, h("caption", {}, "stacks (ranks with the same stack)"), body));
     }
+    for (const n of f.native || []) {
+      art.append(h("table", {className: "stacks native"}, h("caption", {}, n.caption),
+        h("tbody", {}, n.frames.map((line) => h("tr", {}, h("td", {}, line))))));
+    }
     return art;
   }
 
