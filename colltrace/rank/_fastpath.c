@@ -1218,6 +1218,83 @@ static PyTypeObject GateType = {
     .tp_call = (ternaryfunc)Gate_call,
 };
 
+/* MethodGate(orig, slow): a method (c10d's Work.wait, set on the class) that calls orig directly
+ * while a traced call runs on the thread (c10d's blocking collectives wait on their own Work inside
+ * the wrapper: the hot path), else slow, colltrace's Python wrapper that records where the program
+ * parks. A method descriptor: obj.wait() reaches it with self first, with no bound method made. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *orig, *slow;
+    vectorcallfunc vectorcall;
+} MethodGate;
+
+static PyObject *MethodGate_vectorcall(MethodGate *g, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    return PyObject_Vectorcall(tl_depth ? g->orig : g->slow, args, nargsf, kwnames);
+}
+
+static PyObject *MethodGate_get(PyObject *self, PyObject *obj, PyObject *type)
+{
+    if (obj == NULL || obj == Py_None)
+        return Py_NewRef(self);
+    return PyMethod_New(self, obj);
+}
+
+static int MethodGate_init(MethodGate *g, PyObject *args, PyObject *kwds)
+{
+    PyObject *orig, *slow;
+    if (!PyArg_ParseTuple(args, "OO:MethodGate", &orig, &slow))
+        return -1;
+    Py_XSETREF(g->orig, Py_NewRef(orig));
+    Py_XSETREF(g->slow, Py_NewRef(slow));
+    g->vectorcall = (vectorcallfunc)MethodGate_vectorcall;
+    return 0;
+}
+
+static int MethodGate_traverse(MethodGate *g, visitproc visit, void *arg)
+{
+    Py_VISIT(g->orig);
+    Py_VISIT(g->slow);
+    return 0;
+}
+
+static int MethodGate_clear(MethodGate *g)
+{
+    Py_CLEAR(g->orig);
+    Py_CLEAR(g->slow);
+    return 0;
+}
+
+static void MethodGate_dealloc(MethodGate *g)
+{
+    PyObject_GC_UnTrack(g);
+    MethodGate_clear(g);
+    Py_TYPE(g)->tp_free((PyObject *)g);
+}
+
+static PyMemberDef MethodGate_members[] = {
+    {"__colltrace_original__", T_OBJECT, offsetof(MethodGate, orig), READONLY, "the method it stands for"},
+    {"slow", T_OBJECT, offsetof(MethodGate, slow), READONLY, "what it calls outside traced calls"},
+    {NULL}
+};
+
+static PyTypeObject MethodGateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "colltrace.rank._fastpath.MethodGate",
+    .tp_doc = "A method that calls the original inside traced calls, colltrace's wrapper outside them.",
+    .tp_basicsize = sizeof(MethodGate),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_vectorcall_offset = offsetof(MethodGate, vectorcall),
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)MethodGate_init,
+    .tp_dealloc = (destructor)MethodGate_dealloc,
+    .tp_traverse = (traverseproc)MethodGate_traverse,
+    .tp_clear = (inquiry)MethodGate_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_descr_get = MethodGate_get,
+    .tp_members = MethodGate_members,
+};
+
 enum route { ORIG, SLOW };
 
 static PyObject *Plan_vectorcall(Plan *p, PyObject *const *args, size_t nargsf, PyObject *kwnames)
@@ -1663,7 +1740,7 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    PyTypeObject *types[] = {&PlanType, &LocalType, &GateType, &HookLocalType, &CounterType};
+    PyTypeObject *types[] = {&PlanType, &LocalType, &GateType, &HookLocalType, &CounterType, &MethodGateType};
     for (size_t k = 0; k < sizeof(types) / sizeof(types[0]); k++) {
         if (PyType_Ready(types[k]) < 0 || PyModule_AddType(m, types[k]) < 0) {
             Py_DECREF(m);

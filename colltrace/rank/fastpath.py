@@ -59,6 +59,15 @@ def thread_local(settings):
     return _fastpath.Local()
 
 
+def method_gate(orig, slow, settings):
+    """A method standing for `orig` that calls it directly inside a traced call (the thread's depth,
+    read in C) and `slow` outside: where the compiled path runs; else `slow` itself, which tests
+    the depth in Python."""
+    if _fastpath is None or getattr(settings, "pure", False) or not hasattr(_fastpath, "MethodGate"):
+        return slow
+    return _fastpath.MethodGate(orig, slow)
+
+
 def counter(start: int, settings):
     """A counter for the ring's serial or the record ids: the compiled one where the compiled path
     is in use (it takes a number without making an object), else itertools.count. next() works on

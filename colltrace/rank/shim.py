@@ -586,7 +586,9 @@ def install() -> bool:
         wait = getattr(work, "wait", None)
         if wait is not None and not hasattr(wait, "__colltrace_original__"):
             try:   # c10d's Work is a pybind class: its method is replaced on the class itself
-                work.wait = _make_wait_wrapper(wait, lambda w: False)
+                # c10d's blocking collectives wait on their Work inside the wrapper: there the
+                # compiled gate calls the original at once (the hot path pays no Python frame)
+                work.wait = fastpath.method_gate(wait, _make_wait_wrapper(wait, lambda w: False), settings)
                 originals["Work.wait"] = wait
             except (TypeError, AttributeError):
                 pass
