@@ -25,6 +25,14 @@ UNKNOWN = "unknown"        # not observed (post-mortem, no live view)
 UNREADABLE = "unreadable"  # its trace cannot be read (a full disk stopped it, a torn file)
 ENDED = frozenset((EXITED, DEAD))
 
+# how a rank that exited ended (its entry's exit["how"]; tracefile/reader.py ending_of)
+EXIT_CALLS = ("sys.exit", "exit()", "quit()", "os._exit")   # a call, at the line its frames give
+RAISED = "SystemExit"     # raised without a call colltrace saw: the code from the exit status
+RETURNED = "return"       # its program ran to its end (code 0)
+NATIVE_EXIT = "native"    # exit() in native code: no Python ending ran
+INTERRUPTED = "signal"    # Python ended itself with a signal (SIGINT after KeyboardInterrupt)
+RAISED_ERROR = "exception"
+
 # a rank's state in a finding: a record state, a rank status, or
 NOT_IN_COLLECTIVE = "not_in_collective"   # then its frames are its live stack
 

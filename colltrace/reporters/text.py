@@ -18,7 +18,7 @@ from colltrace.analysis.culprits import Explanation
 from colltrace.analysis.desync import Desync
 from colltrace.model.finding import (Deadlock, DeadRank, DuplicateData, Finding, Mismatch, Stall,
                                      UnmatchedP2P)
-from colltrace.model.schema import DEAD, EXITED, UNKNOWN, UNREADABLE
+from colltrace.model.schema import DEAD, EXIT_CALLS, EXITED, INTERRUPTED, UNKNOWN, UNREADABLE
 from colltrace.words import and_list, frame_text_of, rank_word, sorted_ranks
 from colltrace.reporters.phrases import (PENDING_STATES, behind_clause, capitalized, clock, died_since, exit_text,
                                          first_line, group_phrase, natural_key, op_phrase, sample_entry, seconds,
@@ -201,9 +201,10 @@ def _dead_rank(f: DeadRank) -> str:
     text = f"Dead rank: rank {d}"
     if e.get("host"):
         text += f" (on {e['host']})"
-    text += f" {exit_text(e)}"
-    if e.get("stack"):
-        text += f"; it was at {user_location(e['stack'])} when it died"
+    called = (e.get("exit") or {}).get("how") in EXIT_CALLS + (INTERRUPTED,) and e.get("stack")
+    text += f" {exit_text(e, at=user_location(e['stack']) if called else None)}"
+    if e.get("stack") and not called:
+        text += f"; it was at {user_location(e['stack'])} when it {'ended' if e.get('state') == EXITED else 'died'}"
     text += "."
     last = f.last_collective
     if last is not None and last.get("op"):

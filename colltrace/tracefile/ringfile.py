@@ -144,6 +144,9 @@ class DefsWriter:
         self.written += len(data)
         return True
 
+    def fileno(self) -> int:
+        return self._fd
+
     def close(self) -> None:
         try:
             os.close(self._fd)
