@@ -486,6 +486,7 @@ class Recorder:
 
     def close(self):
         self.disable()
+        exits.uninstall()   # the exit calls as they were
         if self.ring is not None:
             self.ring.close()
         self.defs.close()
