@@ -203,14 +203,13 @@ class Recorder:
 
     def _excepthook(self, etype, value, tb):
         try:
-            if os.getpid() != self.pid:
-                raise LookupError("a forked child's")
-            self._raised = etype
-            frames = [{"file": f.filename, "line": f.lineno, "func": f.name} for f in traceback.extract_tb(tb)]
-            # "fatal": the main thread's uncaught exception ends the rank (exit code 1) even if
-            # its interpreter takes a while to shut down; the waiters learn it now
-            self.defs.write({"k": "exception", "t": _time(), "type": etype.__name__, "message": str(value)[:2000],
-                             "frames": frames, "fatal": True})
+            if os.getpid() == self.pid:   # not a forked child's (a DataLoader worker's)
+                self._raised = etype
+                frames = [{"file": f.filename, "line": f.lineno, "func": f.name} for f in traceback.extract_tb(tb)]
+                # "fatal": the main thread's uncaught exception ends the rank (exit code 1) even if
+                # its interpreter takes a while to shut down; the waiters learn it now
+                self.defs.write({"k": "exception", "t": _time(), "type": etype.__name__,
+                                 "message": str(value)[:2000], "frames": frames, "fatal": True})
         except Exception:
             pass
         self._prev_excepthook(etype, value, tb)

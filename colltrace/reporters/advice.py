@@ -9,7 +9,7 @@ from colltrace.model.schema import EXIT_CALLS, EXITED, UNKNOWN, UNREADABLE
 from colltrace.words import and_list, rank_word
 from colltrace.reporters.phrases import (PENDING_STATES, capitalized, exit_text, first_line, it_word, its_word,
                                          sample_entry, verb_for)
-from colltrace.reporters.locations import call_site, classes, locations_text, user_location, where
+from colltrace.reporters.locations import call_site, classes, exit_location, locations_text, user_location, where
 
 
 def _history_clause(look: dict) -> str:
@@ -63,7 +63,7 @@ def _advice_dead(f: DeadRank, look: dict) -> str:
     why = look.get("reason")
     ex: dict = e["exit"] if isinstance(e.get("exit"), dict) else {}
     exc = ex.get("exception")
-    at = user_location(e["stack"]) if e.get("stack") else None
+    at = (exit_location if ex.get("how") in EXIT_CALLS else user_location)(e["stack"]) if e.get("stack") else None
     if ex.get("at_exit") and not f.waiting and not f.failed:
         return (f"Nothing waits for rank {rank}: its program had finished. A signal this late comes from native "
                 f"threads still running as Python shuts down (gloo's, when a process group outlives "

@@ -23,7 +23,7 @@ from colltrace.words import and_list, frame_text_of, rank_word, sorted_ranks
 from colltrace.reporters.phrases import (PENDING_STATES, behind_clause, capitalized, clock, died_since, exit_text,
                                          first_line, group_phrase, natural_key, op_phrase, sample_entry, seconds,
                                          shape_text, untraced_clause, verb_for, who_phrase)
-from colltrace.reporters.locations import classes, locations_text, user_location, where
+from colltrace.reporters.locations import classes, exit_location, locations_text, user_location, where
 from colltrace.reporters.stacks import render_stack_classes
 from colltrace.reporters.activity import activity_clause
 from colltrace.reporters.advice import advice
@@ -202,7 +202,7 @@ def _dead_rank(f: DeadRank) -> str:
     if e.get("host"):
         text += f" (on {e['host']})"
     called = (e.get("exit") or {}).get("how") in EXIT_CALLS + (INTERRUPTED,) and e.get("stack")
-    text += f" {exit_text(e, at=user_location(e['stack']) if called else None)}"
+    text += f" {exit_text(e, at=exit_location(e['stack']) if called else None)}"
     if e.get("stack") and not called:
         text += f"; it was at {user_location(e['stack'])} when it {'ended' if e.get('state') == EXITED else 'died'}"
     text += "."
