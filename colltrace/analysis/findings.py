@@ -25,7 +25,7 @@ MAX_ALSO_MISSING = 64   # other absent members described in a dead_rank finding 
 MISMATCH_SETTLE_S = 0.3  # a mismatch waits this long after the last arrival for members still coming
 DEATH_SETTLE_S = 0.3     # a rank dead with nobody seen waiting yet: its consequences show within this
 EXIT_STATUS_S = 5.0      # a returned rank's exit status comes after its interpreter's shutdown: waited for this long
-ENDING_SLACK_S = 1.0     # a failure this much before a rank's ending (clocks, polls) may still be its doing
+ENDING_SLACK_S = 1.0     # a failure this much before a rank wrote its ending (hosts' clocks) may still be its doing
 PRIORITY = {"mismatch": 0, "dead_rank": 1, "deadlock": 2, "stall": 3, "unmatched_p2p": 3, "duplicate_data": 5}
 # Kinds that mean the job is stuck or broken now: COLLTRACE_ON_HANG acts on these alone.
 HANG_KINDS = frozenset(("mismatch", "dead_rank", "deadlock", "stall", "unmatched_p2p"))
@@ -330,7 +330,8 @@ class Verdicts:
         closed by peer"): on a group it belongs to, at a number it never entered or died inside;
         or a p2p op with it. One item per (group, number, op), biggest first."""
         dead = self.snap.ranks[rank]
-        ended_at = _number((dead.exit or {}).get("at")) or dead.died_at
+        # when it wrote its ending (not when a watchdog saw it gone: a poll, or more, later)
+        ended_at = _number((dead.exit or {}).get("at"))
         out: dict[tuple, dict] = {}
         for other, view in self.snap.ranks.items():
             if other == rank:

@@ -70,12 +70,26 @@ class Record(TypedDict, total=False):
     frames: list
 
 
+class Exit(TypedDict, total=False):
+    """How a rank ended (a RankEntry's exit)."""
+    code: Optional[int]     # its process's exit code (the status it gave exit(), where written)
+    how: str                # EXIT_CALLS, RAISED, RETURNED, NATIVE_EXIT, INTERRUPTED or RAISED_ERROR
+    at: Optional[float]     # when it wrote its ending
+    message: str            # sys.exit("text")
+    exception: str          # "ValueError: bad batch"
+    pending: bool           # a return whose exit status is still to come
+    signal: Optional[str]   # SIGSEGV (faulthandler), SIGINT (KeyboardInterrupt), or None: killed
+    at_exit: bool           # the signal came after its program had finished
+    note: str               # gone without a trace
+    ended_by: str           # "colltrace": COLLTRACE_ON_HANG=abort ended it (with why, at, finding)
+
+
 class RankEntry(TypedDict, total=False):
     rank: int
     pid: Optional[int]
     host: Optional[str]
     status: str        # ALIVE, EXITED, DEAD, UNKNOWN or UNREADABLE
-    exit: Optional[dict]
+    exit: Optional[Exit]
     died_at: Optional[float]
     heartbeat: Optional[float]
     error: Optional[str]
