@@ -6,13 +6,9 @@ A healthy job that ends with sys.exit(0) everywhere: tests/integration/test_desy
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 
-import pytest
-
+from helpers.cli import run_cli
 from helpers.jobs import findings, markers
 from helpers.waiting import wait_until
 
@@ -32,23 +28,25 @@ WAYS = {
 AT_ONCE = ("os_exit", "sys_exit", "exit", "error", "interrupt")
 
 
-def analyze(directory, *flags):
-    return subprocess.run([sys.executable, "-m", "colltrace.cli", "analyze", directory, *flags],
-                          capture_output=True, text=True, timeout=60)
-
-
 def words(way: str) -> str:
     _, marker, text = WAYS[way]
     return text.format(at=f"{SCRIPT}:{markers(SCRIPT)[marker]}" if marker else "")
 
 
-@pytest.mark.parametrize("ways", ["os_exit", "sys_exit,raise,return", "exit,error,interrupt"])
-def test_a_rank_that_ends_itself_is_named_with_its_code_and_line(gloo_job, ways):
-    ways = ways.split(",")
+JOBS = ("os_exit", "sys_exit,raise,return", "exit,error,interrupt")   # rank 1's way first: 2 ranks, 4, 4
+
+
+def test_a_rank_that_ends_itself_is_named_with_its_code_and_line(gloo_job):
+    """The three jobs run side by side (their waits overlap); each is judged on its own."""
+    jobs = [(ways.split(","), gloo_job(SCRIPT, ways.count(",") + 2, args=[ways])) for ways in JOBS]
+    for ways, job in jobs:
+        check(ways, job)
+
+
+def check(ways: list[str], job) -> None:
     enders = {rank: way for rank, way in enumerate(ways, 1)}
-    job = gloo_job(SCRIPT, len(ways) + 1, args=[",".join(ways)])
     codes = job.wait(120)
-    assert codes == [1] + [WAYS[w][0] for w in ways], job.stderr(0)[-3000:]
+    assert codes == [1] + [WAYS[w][0] for w in ways], (ways, job.stderr(0)[-3000:])
     waits = f"{SCRIPT}:{markers(SCRIPT)['waits']} (main)"
     # live: one dead_rank per ending rank, each as it ended (the watchdog writes as it judges)
     assert wait_until(lambda: {f.get("rank") for f in findings(job.dir)} >= set(enders), 30), findings(job.dir)
@@ -59,7 +57,7 @@ def test_a_rank_that_ends_itself_is_named_with_its_code_and_line(gloo_job, ways)
             assert words(way) in live[rank]["summary"], (way, live[rank]["summary"])
     # post-mortem: the same endings, each with the process's own code, and rank 0's failure as
     # their consequence
-    out = analyze(job.dir, "--json")
+    out = run_cli("analyze", job.dir, "--json")
     assert out.returncode == 1, out.stderr
     doc = json.loads(out.stdout)
     assert doc["culprits"] == sorted(enders)
@@ -76,7 +74,6 @@ def test_a_rank_that_ends_itself_is_named_with_its_code_and_line(gloo_job, ways)
         [failed] = f["failed"]
         assert failed["ranks"] == [0] and failed["op"] == "all_reduce" and failed["error"]
         assert f"Rank 0 failed in all_reduce #2 on group 0 (default_pg, ranks 0-{len(ways)}) at {waits}" in f["summary"]
-    text = analyze(job.dir)
+    text = run_cli("analyze", job.dir)
     assert text.returncode == 1 and "no problems found" not in text.stdout
     assert f"Culprits: look at {'rank 1' if len(ways) == 1 else f'ranks 1-{len(ways)}'} first" in text.stdout
-    assert os.path.exists(os.path.join(job.dir, "findings.jsonl"))
