@@ -1605,9 +1605,9 @@ static void write_status(int status, void *unused)
         return;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    char line[96];
-    int n = snprintf(line, sizeof line, "{\"k\":\"status\",\"t\":%lld.%06ld,\"code\":%d}\n",
-                     (long long)ts.tv_sec, (long)(ts.tv_nsec / 1000), status & 0xFF);
+    char line[128];
+    int n = snprintf(line, sizeof line, "{\"k\":\"status\",\"t\":%lld.%06ld,\"code\":%d,\"pid\":%lld}\n",
+                     (long long)ts.tv_sec, (long)(ts.tv_nsec / 1000), status & 0xFF, (long long)status_pid);
     if (n > 0 && n < (int)sizeof line) {
         ssize_t w = write(status_fd, line, (size_t)n);   /* a full disk: the status is lost, nothing else */
         (void)w;

@@ -233,13 +233,14 @@ class Recorder:
         "status" line, colltrace/rank/exits.py), the code to believe where they differ."""
         if self._raised is not None and not final:
             if issubclass(self._raised, KeyboardInterrupt):   # Python ends itself with SIGINT then
-                return {"k": "exit", "t": _time(), "how": "signal", "signal": "SIGINT", "status_follows": False}
+                return {"k": "exit", "t": _time(), "how": "signal", "signal": "SIGINT", "pid": self.pid,
+                        "status_follows": False}
             how = {"how": "exception", "code": 1}
         elif call is not None:
             how = call
         else:
             how = {"how": "return", "code": 0}   # or `raise SystemExit(n)`: the status line tells
-        return {"k": "exit", "t": _time(), **how, "status_follows": self._status_armed and not final}
+        return {"k": "exit", "t": _time(), **how, "pid": self.pid, "status_follows": self._status_armed and not final}
 
     def _write_os_exit(self, call: dict | None) -> None:
         """os._exit: no atexit handler runs, no status is written; the rank's ending is written now."""

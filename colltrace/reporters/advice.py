@@ -75,10 +75,11 @@ def _advice_dead(f: DeadRank, look: dict) -> str:
         return f"Look first at rank {rank}'s error, {exc}" + (f", raised at {at}" if at else "") + " (its log has the traceback)."
     if why == "exit":
         code = ex.get("code")
-        if ex.get("how") in EXIT_CALLS and at:
+        if ex.get("how") in EXIT_CALLS:
             name = str(ex["how"]).removesuffix("()")
             arg = repr(first_line(str(ex["message"]), 60)) if ex.get("message") else code
-            return f"Look first at {at}, where rank {rank} called {name}({arg}) on its own, {_ONE_RANK}."
+            there = f"{at}, where rank {rank} called" if at else f"where rank {rank} calls"
+            return f"Look first at {there} {name}({arg}) on its own, {_ONE_RANK}."
         return (f"Look first at where rank {rank} raises SystemExit({code}) (colltrace sees sys.exit, exit() and "
                 f"os._exit calls, not a raise), on its own, {_ONE_RANK}.")
     if why == "native_exit":

@@ -173,9 +173,9 @@ class RankTrace:
                 self.open.clear()
                 self.progress.clear()
                 self.batches = batchlog.BatchLog()
-            elif k == "exit":
+            elif k == "exit" and self._this_process(d):
                 self.exit = d
-            elif k == "status":
+            elif k == "status" and self._this_process(d):
                 self.exit_status = {"code": int(d["code"]), "t": d.get("t")}
             elif k == "exception":
                 if d.get("fatal") is False:
@@ -194,6 +194,11 @@ class RankTrace:
                 self.batches.apply(d)
         except (KeyError, TypeError, ValueError):
             self.defs.bad_lines += 1
+
+    def _this_process(self, d: dict) -> bool:
+        """A line of this rank's process, not of an earlier one still shutting down as a restarted
+        rank took its file over (one written before lines said their pid: yes)."""
+        return d.get("pid") is None or self.meta.get("pid") in (None, d["pid"])
 
     def frames(self, stack_id: int) -> list[dict]:
         cached = self.stacks.get(stack_id)

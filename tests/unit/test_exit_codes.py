@@ -178,6 +178,23 @@ def test_the_exit_status_is_believed_over_what_python_knew():
     assert ending(None, None, None) is None
 
 
+def test_an_earlier_process_still_shutting_down_does_not_end_the_rank_that_took_its_file_over(tmp_path):
+    """A restarted rank truncates its definitions file; the process before it, still finalizing,
+    writes its status into the new file: not this process's ending."""
+    from colltrace.tracefile import ringfile
+
+    ringfile.RingWriter(str(tmp_path / "rank-00000.ring"), 64).close()
+    defs = ringfile.DefsWriter(str(tmp_path / "rank-00000.defs.jsonl"), 1 << 20)
+    defs.write({"k": "meta", "rank": 0, "pid": 200, "job": "j"})
+    defs.write({"k": "status", "t": 1.0, "code": 3, "pid": 100})
+    [tr] = reader.load_traces(str(tmp_path))
+    assert tr.status() == ("unknown", None)
+    defs.write({"k": "exit", "t": 2.0, "how": "sys.exit", "code": 0, "pid": 200, "status_follows": True})
+    defs.write({"k": "status", "t": 2.1, "code": 0, "pid": 200})
+    tr.poll()
+    assert tr.status() == ("exited", {"code": 0, "how": "sys.exit", "at": 2.0})
+
+
 def test_a_pending_status_is_taken_as_it_stands_once_the_process_is_gone():
     e = {"status": "exited", "exit": {"code": 0, "how": "return", "pending": True}, "records": [], "stack": None}
     assert "pending" in build.host_entry(dict(e), keep_records=8, died_at=None)["exit"]
