@@ -337,7 +337,7 @@ class Verdicts:
             if other == rank:
                 continue
             for raw in view.failed:
-                failed_at = _number(raw.get("returned_at"))
+                failed_at = _number(raw.get("failed_at") or raw.get("returned_at"))
                 if ended_at is not None and failed_at is not None and failed_at < ended_at - ENDING_SLACK_S:
                     continue   # it failed before this rank ended (a timeout): not its doing
                 group, seq = raw["group"], raw["seq"]

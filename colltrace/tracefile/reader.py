@@ -72,7 +72,8 @@ def parse_fault(text: str, roots: dict | None = None) -> dict | None:
 
 
 def _failed_with(r: dict, err: dict) -> None:
-    r["error"] = r["reason"] = f"{err.get('type')}: {err.get('message')}"
+    """A failed record's reason (docs/findings.md: `reason`; `error` too), from its "error" line."""
+    r["error"] = r["reason"] = f"{err.get('type')}: {err.get('message')}" if err.get("type") else str(err.get("message"))
 
 
 def ending_of(exit_rec: dict | None, status: dict | None, exception: dict | None) -> tuple[dict | None, list]:
