@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from colltrace.model.finding import Deadlock, DeadRank, Finding, Mismatch, Stall, UnmatchedP2P
+from colltrace.model.schema import EXITED
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class Reason:
     odd_op        it called `op` where `ranks` called `other_op`, as `at`
     odd_args      it called `at` with `differs` unlike the other members
     died          it died (or exited) while the others still needed it
+    exited        it exited, with `code` (`how`: sys.exit, os._exit, return, exception, ...), or by
+                  the signal `how` with no code, while the others still needed it
     cycle         it waited in `at`, which `ranks` never called (waiting in `instead`): a wait cycle
     never_posted  it never posted the op matching rank `rank`'s `op` (p2p)
     no_match      it showed no op matching rank `rank`'s `op` (an unverified p2p)
@@ -53,6 +56,8 @@ class Reason:
     differs: tuple[str, ...] = ()
     rank: int | None = None
     instead: Where | None = None
+    code: int | None = None
+    how: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,12 @@ def _roots(f: Finding) -> tuple[str, list[int], Reason | None]:
                                       ranks=tuple(rest[0]["ranks"]), other_op=rest[0].get("op"))
         return "root", rs, Reason("odd_args", at=at, differs=tuple(f.differs))
     if isinstance(f, DeadRank):
+        ex = f.exit or {}
+        if (f.ranks.get(str(f.rank)) or {}).get("state") == EXITED:
+            if isinstance(ex.get("code"), int):
+                return "root", [f.rank], Reason("exited", code=ex["code"], how=ex.get("how"))
+            if ex.get("signal"):   # Python ended itself with it (SIGINT after KeyboardInterrupt)
+                return "root", [f.rank], Reason("exited", how=str(ex["signal"]))
         return "root", [f.rank], Reason("died")
     if isinstance(f, Deadlock):
         cyc = f.cycle or [{}]

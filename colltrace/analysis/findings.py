@@ -19,15 +19,40 @@ from colltrace.analysis.view import Rec, RankView, Snapshot
 from colltrace.analysis.waitgraph import Key, WaitGraph, coll_name
 from colltrace.model.finding import Deadlock, DeadRank, DuplicateData, Finding, Stall, UnmatchedP2P
 from colltrace.model.finding import Mismatch as MismatchFinding   # matching.Mismatch is the facts it is made of
-from colltrace.model.schema import ALIVE, EXITED, WAITING
+from colltrace.model.schema import ALIVE, EXIT_CALLS, EXITED, INTERRUPTED, NATIVE_EXIT, RAISED, RETURNED, WAITING
 from colltrace.origins import called, innermost_user
 
 MAX_ALSO_MISSING = 64   # other absent members described in a dead_rank finding (all are listed)
 MISMATCH_SETTLE_S = 0.3  # a mismatch waits this long after the last arrival for members still coming
 DEATH_SETTLE_S = 0.3     # a rank dead with nobody seen waiting yet: its consequences show within this
+EXIT_STATUS_S = 5.0      # a returned rank's exit status comes after its interpreter's shutdown: waited for this long
+ENDING_SLACK_S = 1.0     # a failure this much before a rank wrote its ending (hosts' clocks) may still be its doing
 PRIORITY = {"mismatch": 0, "dead_rank": 1, "deadlock": 2, "stall": 3, "unmatched_p2p": 3, "duplicate_data": 5}
 # Kinds that mean the job is stuck or broken now: COLLTRACE_ON_HANG acts on these alone.
 HANG_KINDS = frozenset(("mismatch", "dead_rank", "deadlock", "stall", "unmatched_p2p"))
+
+
+def _number(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _ending_reason(v) -> str:
+    """look_first's reason for a dead rank: how it ended, which says where to look."""
+    ex = v.exit or {}
+    how = ex.get("how")
+    if how == INTERRUPTED:
+        return "interrupted"        # SIGINT: Ctrl-C, or a launcher ending it
+    if ex.get("exception"):
+        return "error"              # its exception and the line it was raised at
+    if how in EXIT_CALLS or how == RAISED:
+        return "exit"               # it ended itself on purpose: sys.exit(3), os._exit(4), SystemExit(5)
+    if how == NATIVE_EXIT:
+        return "native_exit"        # exit() in a native library
+    if v.status == EXITED:
+        return "returned" if how == RETURNED else "exited"
+    if v.stack:
+        return "stack"              # a fatal signal, at the line faulthandler saw
+    return "signal" if ex.get("signal") else "vanished"
 
 
 def _frame_refs(f: Finding) -> None:
@@ -68,7 +93,7 @@ class Verdicts:
         for rank, view in self.snap.ranks.items():
             if view.alone and rank not in dead:   # crashed or killed alone: worth a finding before anyone waits
                 (settling if self._just_died(view) else dead).add(rank)
-        dead.update(self._raised_first(dead | settling) - settling)
+        dead.update(self._ended_first(dead | settling) - settling)
         if any(self.snap.ranks[r].fatal for r in dead | settling):
             # A rank that died of a signal is the first cause: a peer's exception at the same time
             # ("Connection closed by peer" from DDP's untraced all-reduce) is its consequence, even
@@ -115,6 +140,13 @@ class Verdicts:
         if view.died_at is None or self.now - view.died_at >= DEATH_SETTLE_S:
             return False
         return any(v.status == ALIVE for r, v in self.snap.ranks.items() if r != view.rank)
+
+    def _status_due(self, view) -> bool:
+        """Its program ended, and the code it ends with is still to come (it comes after the
+        interpreter's shutdown: a return and `raise SystemExit(3)` look alike until then): its
+        finding waits for it, EXIT_STATUS_S at most."""
+        ex = view.exit or {}
+        return bool(ex.get("pending")) and self.now - (_number(ex.get("at")) or 0.0) < EXIT_STATUS_S
 
     def _mismatches(self) -> dict[str, Mismatch]:
         """Mismatches among the collectives someone is pending in or that failed: the ones that
@@ -180,7 +212,7 @@ class Verdicts:
                         stall_roots.append(k)
                 else:
                     view = self.snap.ranks.get(g.rank_at(v))
-                    if view is not None and view.cause and g.rev[v]:
+                    if view is not None and view.cause and g.rev[v] and not self._status_due(view):
                         here = True
                         dead_causes.append(g.rank_at(v))
             cause_of.append(comp[0] if here else downstream)
@@ -286,8 +318,7 @@ class Verdicts:
         last_collective = compact_record(last)
         if last_collective and "frames" in last_collective:
             last_collective["frames"] = self.ev.annotated_frames(v, last_collective["frames"])
-        exc = (v.exit or {}).get("exception")
-        why = ("error" if exc else "stack" if v.stack else "signal" if (v.exit or {}).get("signal") else "vanished")
+        why = _ending_reason(v)
         f = self.ev.base(DeadRank, f"dead_rank:{rank}" + (f":{pid}" if pid else ""), group, seq, missing,
                          self.ev.rank_sorted_entries(pairs), rank=rank, exit=v.exit, died_at=v.entry.get("died_at"),
                          last_collective=last_collective, waiting=waiting, failed=failed,
@@ -296,13 +327,14 @@ class Verdicts:
                          look_first={"ranks": [rank], "rank": rank, "reason": why})
         return f, ([node] if node is not None else []), own
 
-    def _raised_first(self, dead: set[int]) -> set[int]:
-        """Ranks that exited with an exception while others were in a collective with them: the
-        others' collectives failed because of it (gloo: "Connection closed by peer"), before anyone
-        was seen waiting. Their own exceptions, consequences, name no rank and get no finding."""
+    def _ended_first(self, dead: set[int]) -> set[int]:
+        """Ranks that ended (an exit call, a return, an exception: any code) while others were in
+        a collective with them: the others' collectives failed because of it (gloo: "Connection
+        closed by peer"), before anyone was seen waiting. Their own endings, consequences, name no
+        rank and get no finding."""
         out = set()
         for rank, view in self.snap.ranks.items():
-            if (rank not in dead and view.status == EXITED and (view.exit or {}).get("exception") and view.cause
+            if (rank not in dead and view.status == EXITED and view.cause and not self._status_due(view)
                     and not view.failed):   # its own collective failed first: a consequence
                 if any(item["missing"] for item in self._failed_because(rank)):
                     out.add(rank)
@@ -313,11 +345,16 @@ class Verdicts:
         closed by peer"): on a group it belongs to, at a number it never entered or died inside;
         or a p2p op with it. One item per (group, number, op), biggest first."""
         dead = self.snap.ranks[rank]
+        # when it wrote its ending (not when a watchdog saw it gone: a poll, or more, later)
+        ended_at = _number((dead.exit or {}).get("at"))
         out: dict[tuple, dict] = {}
         for other, view in self.snap.ranks.items():
             if other == rank:
                 continue
             for raw in view.failed:
+                failed_at = _number(raw.get("failed_at") or raw.get("returned_at"))
+                if ended_at is not None and failed_at is not None and failed_at < ended_at - ENDING_SLACK_S:
+                    continue   # it failed before this rank ended (a timeout): not its doing
                 group, seq = raw["group"], raw["seq"]
                 p2p = bool(raw.get("p2p"))
                 if p2p:

@@ -31,7 +31,8 @@ def unreadable_entry(rank: int, error: str) -> dict:
 
 def rank_entry(rank: int, meta: dict, status: str, exit_info, *, heartbeat, progress: dict, records: list,
                lost_slots: int = 0, roots_ok: bool = False, digests: bool = False, untraced=None,
-               fault=None, exception=None, thread_exceptions=None, batches=None, samples=None) -> dict:
+               fault=None, exception=None, thread_exceptions=None, batches=None, samples=None,
+               exit_frames=None) -> dict:
     """One rank's entry from what its files say (tracefile/reader.py reads them)."""
     entry = {
         "rank": rank, "pid": meta.get("pid"), "host": meta.get("host"), "job": meta.get("job"),
@@ -66,6 +67,8 @@ def rank_entry(rank: int, meta: dict, status: str, exit_info, *, heartbeat, prog
         entry["exception"] = exception
         if not entry["stack"] and exception.get("frames"):
             entry["stack"] = exception["frames"]   # where it raised: the line the report names
+    if exit_frames and not entry["stack"]:
+        entry["stack"] = exit_frames   # where it called sys.exit (os._exit, exit()): the line the report names
     if thread_exceptions:
         entry["thread_exceptions"] = thread_exceptions
     if batches:
@@ -87,6 +90,7 @@ def host_entry(entry: dict, *, keep_records: int, died_at: float | None, live_st
         e["records"] = [r for r in recs[:-keep_records] if r["state"] in PENDING] + recs[-keep_records:]
     if died_at is not None:
         e["died_at"] = died_at
+        settled(e)   # gone: no status will come now
         if e["status"] == UNKNOWN:
             e["status"] = DEAD
             e["exit"] = {"signal": None, "note": NO_TRACE_NOTE}
@@ -111,6 +115,14 @@ def host_entry(entry: dict, *, keep_records: int, died_at: float | None, live_st
     if activity is not None and e["status"] == ALIVE:
         e["activity"] = activity
     return e
+
+
+def settled(entry: dict) -> None:
+    """An ending whose exit status was still to come (tracefile/reader.py ending_of's "pending"),
+    taken as it stands: the process is gone, or the files are all there is."""
+    ex = entry.get("exit")
+    if isinstance(ex, dict) and ex.get("pending"):
+        entry["exit"] = {k: v for k, v in ex.items() if k != "pending"}
 
 
 def groups_of(tables) -> dict[str, dict]:
@@ -138,15 +150,17 @@ def from_files(entries: dict, groups: dict, saved: dict | None) -> dict:
             if mine is None or mine["status"] == UNREADABLE:
                 snap["ranks"][rank] = entry
                 continue
-            # the live view knows liveness and live stacks; the files know the final records
+            # the live view knows liveness and live stacks; the files know the final records, and
+            # how a rank that wrote its ending ended (its exit status comes after the live view)
             for key in SAVED_LIVE_KEYS:
-                if entry.get(key) is not None and not (key == "status" and mine["status"] in ENDED):
+                if entry.get(key) is not None and not (key in ("status", "exit") and mine["status"] in ENDED):
                     mine[key] = entry[key]
         snap["taken_at"] = float(saved.get("taken_at") or 0.0)
         if isinstance(saved.get("clocks"), dict):   # the hosts' clock offsets the leader measured
             snap["clocks"] = saved["clocks"]
     last_seen = [snap["taken_at"]]
     for e in snap["ranks"].values():
+        settled(e)
         last_seen.append(e.get("heartbeat") or 0.0)
         last_seen.extend(r.get("completed_at") or r.get("entered_at") or 0.0 for r in e.get("records", [])[-3:])
     snap["taken_at"] = max(last_seen)

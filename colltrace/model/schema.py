@@ -25,6 +25,14 @@ UNKNOWN = "unknown"        # not observed (post-mortem, no live view)
 UNREADABLE = "unreadable"  # its trace cannot be read (a full disk stopped it, a torn file)
 ENDED = frozenset((EXITED, DEAD))
 
+# how a rank that exited ended (its entry's exit["how"]; tracefile/reader.py ending_of)
+EXIT_CALLS = ("sys.exit", "exit()", "quit()", "os._exit")   # a call, at the line its frames give
+RAISED = "SystemExit"     # raised without a call colltrace saw: the code from the exit status
+RETURNED = "return"       # its program ran to its end (code 0)
+NATIVE_EXIT = "native"    # exit() in native code: no Python ending ran
+INTERRUPTED = "signal"    # Python ended itself with a signal (SIGINT after KeyboardInterrupt)
+RAISED_ERROR = "exception"
+
 # a rank's state in a finding: a record state, a rank status, or
 NOT_IN_COLLECTIVE = "not_in_collective"   # then its frames are its live stack
 
@@ -70,12 +78,26 @@ class Record(TypedDict, total=False):
     wait: dict         # a thread parks for it: {"since", "frames" (where it waits), "thread"}
 
 
+class Exit(TypedDict, total=False):
+    """How a rank ended (a RankEntry's exit)."""
+    code: Optional[int]     # its process's exit code (the status it gave exit(), where written)
+    how: str                # EXIT_CALLS, RAISED, RETURNED, NATIVE_EXIT, INTERRUPTED or RAISED_ERROR
+    at: Optional[float]     # when it wrote its ending
+    message: str            # sys.exit("text")
+    exception: str          # "ValueError: bad batch"
+    pending: bool           # a return whose exit status is still to come
+    signal: Optional[str]   # SIGSEGV (faulthandler), SIGINT (KeyboardInterrupt), or None: killed
+    at_exit: bool           # the signal came after its program had finished
+    note: str               # gone without a trace
+    ended_by: str           # "colltrace": COLLTRACE_ON_HANG=abort ended it (with why, at, finding)
+
+
 class RankEntry(TypedDict, total=False):
     rank: int
     pid: Optional[int]
     host: Optional[str]
     status: str        # ALIVE, EXITED, DEAD, UNKNOWN or UNREADABLE
-    exit: Optional[dict]
+    exit: Optional[Exit]
     died_at: Optional[float]
     heartbeat: Optional[float]
     error: Optional[str]

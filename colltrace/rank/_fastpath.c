@@ -1697,11 +1697,73 @@ static PyObject *hook_hits_fn(PyObject *self, PyObject *unused)
     return PyLong_FromUnsignedLongLong(hook_hits);
 }
 
+/* The exit status (colltrace/rank/exits.py): Python hands its atexit handlers no code, and a
+ * `raise SystemExit(n)` or a native exit(n) is seen by no wrapper. glibc's on_exit() handlers get
+ * the status exit() was given, after Python's finalization: one JSON line to the rank's
+ * definitions file (a descriptor of its own, opened for appending), written by the process that
+ * armed it only (a forked child inherits the handler and the descriptor). No Python runs here. */
+#if defined(__GLIBC__)
+#include <fcntl.h>
+#include <unistd.h>
+static int status_fd = -1;
+static pid_t status_pid = 0;
+static int status_registered = 0;
+
+static void write_status(int status, void *unused)
+{
+    (void)unused;
+    if (status_fd < 0 || getpid() != status_pid)
+        return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    char line[128];
+    int n = snprintf(line, sizeof line, "{\"k\":\"status\",\"t\":%lld.%06ld,\"code\":%d,\"pid\":%lld}\n",
+                     (long long)ts.tv_sec, (long)(ts.tv_nsec / 1000), status & 0xFF, (long long)status_pid);
+    if (n > 0 && n < (int)sizeof line) {
+        ssize_t w = write(status_fd, line, (size_t)n);   /* a full disk: the status is lost, nothing else */
+        (void)w;
+    }
+}
+#endif
+
+static PyObject *status_hook(PyObject *self, PyObject *args)
+{
+    int fd;
+    if (!PyArg_ParseTuple(args, "i:status_hook", &fd))
+        return NULL;
+#if defined(__GLIBC__)
+    if (status_fd >= 0) {
+        close(status_fd);
+        status_fd = -1;
+    }
+    if (fd < 0)
+        Py_RETURN_FALSE;
+    int mine = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (mine < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    if (!status_registered) {
+        if (on_exit(write_status, NULL) != 0) {
+            close(mine);
+            Py_RETURN_FALSE;
+        }
+        status_registered = 1;
+    }
+    status_pid = getpid();
+    status_fd = mine;
+    Py_RETURN_TRUE;
+#else
+    (void)fd;
+    Py_RETURN_FALSE;
+#endif
+}
+
 static PyMethodDef module_methods[] = {
     {"hook_hits", hook_hits_fn, METH_NOARGS, "ops the compiled pre-hook recorded itself"},
     {"drain", drain, METH_VARARGS, "Recorder._drain_pending's loop: COMPLETE slots for the finished waitables"},
     {"use_readers", use_readers, METH_VARARGS, "read group counters and plain tensors through build-hooks' readers "
                                                 "(their capsules; None: Python)"},
+    {"status_hook", status_hook, METH_VARARGS, "write the exit status to this descriptor as the process ends "
+                                                "(glibc's on_exit; -1: no more); False where it cannot"},
     {NULL}
 };
 

@@ -17,7 +17,7 @@ import time
 import traceback
 import weakref
 
-from colltrace.rank import calls, crash, fastpath, flightrecorder, sampler
+from colltrace.rank import calls, crash, exits, fastpath, flightrecorder, sampler
 from colltrace import origins
 from colltrace.tracefile import asks, ringfile, storage
 from colltrace.tracefile.ringfile import (COMPLETE, ENTER, F_DONE, F_P2P, F_UNOBSERVED, FAIL, RETURN, UNTRACED,
@@ -116,6 +116,7 @@ class Recorder:
     def __init__(self, settings, rank: int, world_size: int, backend: str = "", event_factory=None, job=None):
         self.settings = settings
         self.rank = rank
+        self.pid = os.getpid()   # a forked child (a DataLoader worker) writes nothing of its ending here
         self.job = job or job_id()
         self.disabled = False
         d = settings.dir
@@ -165,11 +166,16 @@ class Recorder:
         self._stop = threading.Event()
         self._internal_error_reported = False
         self._install_fault_handler()
+        self._raised: type | None = None   # the exception the main thread died of
         self._prev_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
         self._prev_thread_hook = threading.excepthook
         threading.excepthook = self._thread_excepthook
         atexit.register(self._at_exit)
+        exits.install()                      # sys.exit, exit(), quit(), os._exit noted where called
+        exits.attach(self._write_os_exit)
+        # the exit status, written after Python's finalization (its code where Python saw no call)
+        self._status_armed = exits.arm_status(self.defs.fileno())
         self.ring.heartbeat(_time())
         self._flight_recorder = flightrecorder.Responder(d, rank)
         self._stack_responder = asks.StackResponder(d, rank, native=crash.main_stack)
@@ -231,11 +237,13 @@ class Recorder:
 
     def _excepthook(self, etype, value, tb):
         try:
-            frames = [{"file": f.filename, "line": f.lineno, "func": f.name} for f in traceback.extract_tb(tb)]
-            # "fatal": the main thread's uncaught exception ends the rank (exit code 1) even if
-            # its interpreter takes a while to shut down; the waiters learn it now
-            self.defs.write({"k": "exception", "t": _time(), "type": etype.__name__, "message": str(value)[:2000],
-                             "frames": frames, "fatal": True})
+            if os.getpid() == self.pid:   # not a forked child's (a DataLoader worker's)
+                self._raised = etype
+                frames = [{"file": f.filename, "line": f.lineno, "func": f.name} for f in traceback.extract_tb(tb)]
+                # "fatal": the main thread's uncaught exception ends the rank (exit code 1) even if
+                # its interpreter takes a while to shut down; the waiters learn it now
+                self.defs.write({"k": "exception", "t": _time(), "type": etype.__name__,
+                                 "message": str(value)[:2000], "frames": frames, "fatal": True})
         except Exception:
             pass
         self._prev_excepthook(etype, value, tb)
@@ -253,11 +261,38 @@ class Recorder:
             pass
         self._prev_thread_hook(args)
 
+    def _ending(self, call: dict | None, final: bool = False) -> dict:
+        """The exit record: how the program ended, with the code and the line where Python knows
+        them. `status_follows`: the process's own exit status comes after finalization (a
+        "status" line, colltrace/rank/exits.py), the code to believe where they differ."""
+        if self._raised is not None and not final:
+            if issubclass(self._raised, KeyboardInterrupt):   # Python ends itself with SIGINT then
+                return {"k": "exit", "t": _time(), "how": "signal", "signal": "SIGINT", "pid": self.pid,
+                        "status_follows": False}
+            how = {"how": "exception", "code": 1}
+        elif call is not None:
+            how = call
+        else:
+            how = {"how": "return", "code": 0}   # or `raise SystemExit(n)`: the status line tells
+        return {"k": "exit", "t": _time(), **how, "pid": self.pid, "status_follows": self._status_armed and not final}
+
+    def _write_os_exit(self, call: dict | None) -> None:
+        """os._exit: no atexit handler runs, no status is written; the rank's ending is written now."""
+        if self.disabled or os.getpid() != self.pid:
+            return
+        # Never wait here: os._exit may come from a signal handler run while this very thread
+        # holds the lock, appending a work.
+        if self._pending_lock.acquire(blocking=False):
+            self._pending_lock.release()
+            self._drain_pending(final=True)
+        self.ring.heartbeat(_time())
+        self.defs.write(self._ending(call, final=True))
+
     def _at_exit(self):
-        if not self.disabled:
+        if not self.disabled and os.getpid() == self.pid:
             self._drain_pending(final=True)
             self.ring.heartbeat(_time())
-            self.defs.write({"k": "exit", "t": _time(), "clean": True})
+            self.defs.write(self._ending(exits.last_call()))
         self._stop.set()
         sampling = getattr(self, "_sampler", None)
         if sampling is not None:   # as the poller below: not left sampling into finalization
@@ -276,6 +311,11 @@ class Recorder:
             return
         self.disabled = True
         self._stop.set()
+        if getattr(self, "_status_armed", None) is not None:   # nothing of this rank's is written any more
+            exits.detach(self._write_os_exit)
+            if self._status_armed:
+                exits.arm_status(-1)
+            self._status_armed = False
         if getattr(self, "_sampler", None) is not None:
             self._sampler.stop(wait=False)   # its burst ends within a sample's period
         # Nothing polls the works any more: let go of them now, not at interpreter exit, where
@@ -547,6 +587,7 @@ class Recorder:
 
     def close(self):
         self.disable()
+        exits.uninstall()   # the exit calls as they were
         if self.ring is not None:
             self.ring.close()
         self.defs.close()

@@ -16,7 +16,7 @@ import sys
 import threading
 
 from colltrace import config
-from colltrace.rank import calls, fastpath, hooks
+from colltrace.rank import calls, exits, fastpath, hooks
 from colltrace.rank.calls import (BACKEND_OVERRIDES, describe_tensors, given_root, input_digest, param_getter,
                                   redop_name, to_global)
 from colltrace.tracefile.ringfile import F_ASYNC, F_DIGEST, F_P2P
@@ -600,6 +600,9 @@ def install() -> bool:
 
             batches.install(settings, lambda: recorder)
         os.register_at_fork(after_in_child=_after_fork_in_child)
+        # the exit calls noted from now on, before the recorder (init_process_group) is made:
+        # a module imported in between may bind them (from sys import exit)
+        exits.install()
         if c10d.is_initialized():
             _ensure_recorder()
         return True
@@ -678,6 +681,7 @@ def uninstall() -> None:
         if isinstance(_state["recorder"], object) and recorder is not None:
             recorder.close()
         recorder = None
+        exits.uninstall()
         _state["recorder"] = None
 
 

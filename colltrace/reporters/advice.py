@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 
 from colltrace.model.finding import Deadlock, DeadRank, DuplicateData, Finding, Mismatch, Stall, UnmatchedP2P
-from colltrace.model.schema import UNKNOWN, UNREADABLE
+from colltrace.model.schema import EXIT_CALLS, EXITED, UNKNOWN, UNREADABLE
 from colltrace.words import and_list, rank_word
 from colltrace.reporters.phrases import (PENDING_STATES, capitalized, exit_text, first_line, it_word, its_word,
                                          sample_entry, verb_for)
-from colltrace.reporters.locations import call_site, classes, locations_text, user_location, where
+from colltrace.reporters.locations import call_site, classes, exit_location, locations_text, user_location, where
 
 
 def _history_clause(look: dict) -> str:
@@ -52,23 +52,48 @@ def _advice_mismatch(f: Mismatch, look: dict) -> str:
             f"group {g}." + _history_clause(dict(look, ranks=mine["ranks"], versus=look.get("versus") or other["ranks"])))
 
 
+_ONE_RANK = ("while the other ranks went on to collectives it never joins: take that decision on every rank "
+             "(agree on the condition with an all_reduce) or end the whole job")
+
+
 def _advice_dead(f: DeadRank, look: dict) -> str:
     rank = f.rank
     e = f.ranks.get(str(rank)) or {}
     how = exit_text(e)
     why = look.get("reason")
-    exc = (e.get("exit") or {}).get("exception") if isinstance(e.get("exit"), dict) else None
-    if (e.get("exit") or {}).get("at_exit") and not f.waiting and not f.failed:
+    ex: dict = e["exit"] if isinstance(e.get("exit"), dict) else {}
+    exc = ex.get("exception")
+    at = (exit_location if ex.get("how") in EXIT_CALLS else user_location)(e["stack"]) if e.get("stack") else None
+    if ex.get("at_exit") and not f.waiting and not f.failed:
         return (f"Nothing waits for rank {rank}: its program had finished. A signal this late comes from native "
                 f"threads still running as Python shuts down (gloo's, when a process group outlives "
                 f"destroy_process_group or is never destroyed); its log has the stack.")
+    if why == "interrupted":
+        return (f"Look first at what sent rank {rank} {ex.get('signal') or 'its signal'} (Ctrl-C, the launcher or "
+                f"the scheduler)" + (f": it was at {at}" if at else "") + ".")
     if why == "error" and exc:
-        at = user_location(e["stack"]) if e.get("stack") else None
         return f"Look first at rank {rank}'s error, {exc}" + (f", raised at {at}" if at else "") + " (its log has the traceback)."
+    if why == "exit":
+        code = ex.get("code")
+        if ex.get("how") in EXIT_CALLS:
+            name = str(ex["how"]).removesuffix("()")
+            arg = repr(first_line(str(ex["message"]), 60)) if ex.get("message") else code
+            there = f"{at}, where rank {rank} called" if at else f"where rank {rank} calls"
+            return f"Look first at {there} {name}({arg}) on its own, {_ONE_RANK}."
+        return (f"Look first at where rank {rank} raises SystemExit({code}) (colltrace sees sys.exit, exit() and "
+                f"os._exit calls, not a raise), on its own, {_ONE_RANK}.")
+    if why == "native_exit":
+        return (f"Look first at rank {rank}'s log: a native library called exit({ex.get('code')}), ending the process "
+                f"without Python's own ending.")
+    if why == "returned":
+        return (f"Look first at why rank {rank}'s program ended while the others still call collectives: a loop "
+                f"or a data size that differs between ranks (uneven inputs), or an early return on one rank.")
     if why == "stack" and e.get("stack"):
-        return f"Look first at why rank {rank} {how} at {user_location(e['stack'])}."
+        return f"Look first at why rank {rank} {how} at {at}."
     if why == "signal":
         return f"Look first at why rank {rank} {how}: its log (faulthandler prints the Python stack there)."
+    if why == "exited" or e.get("state") == EXITED:
+        return f"Look first at why rank {rank} {how}: its log."
     return f"Look first at why rank {rank} {how}: its log, and the kernel log (dmesg) for the OOM killer."
 
 

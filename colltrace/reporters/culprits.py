@@ -27,6 +27,12 @@ def reason_text(r: Reason) -> str:
         return f"called {_at(r.at)} with different {and_list(differs) or 'arguments'} than the other members"
     if r.what == "died":
         return "died (or exited) while the others still needed it"
+    if r.what == "exited" and r.code is None:
+        return f"was interrupted by {r.how} while the others still needed it"
+    if r.what == "exited":
+        how = {"return": "its program returned", "exception": "an exception", "native": "exit() in native code",
+               "SystemExit": "SystemExit"}.get(str(r.how), r.how)
+        return f"exited with code {r.code}" + (f" ({how})" if how else "") + " while the others still needed it"
     if r.what == "cycle":
         a = r.at or Where(None, None, None)
         text = f"waited in {a.op} #{a.seq} on group {a.group}"

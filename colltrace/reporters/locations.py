@@ -52,6 +52,14 @@ def user_location(frames) -> str | None:
     return f"{frame_text(last)} (no frame of your code on the stack)" if isinstance(last, dict) else None
 
 
+def exit_location(frames) -> str | None:
+    """Where an exit call was made: user_location, never a `<string>` or `<stdin>` entry point (a
+    harness started by `python -c`, multiprocessing's spawn): then the call itself, in a
+    framework's or torch's code ("common_distributed.py:1068 (_run) (no frame of your code ...)")."""
+    real = [f for f in frames or () if type(f) is dict and not str(f.get("file") or "").startswith("<")]
+    return user_location(real) or user_location(frames)
+
+
 def located(frames, roots) -> str | None:
     """user_location of frames straight from a trace (no origins marked yet), classified
     against the rank's recorded roots (colltrace/origins.py)."""

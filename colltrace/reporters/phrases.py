@@ -6,8 +6,8 @@ import re
 import time
 
 from colltrace.model.finding import Finding, Mismatch, Stall
-from colltrace.model.schema import EXITED
-from colltrace.words import group_label, rank_word, sorted_ranks
+from colltrace.model.schema import EXIT_CALLS, EXITED, INTERRUPTED, NATIVE_EXIT, RAISED, RETURNED
+from colltrace.words import group_label, rank_word, short_ranks, sorted_ranks
 
 
 PENDING_STATES = ("waiting", "in_flight")
@@ -61,14 +61,31 @@ def seconds(x) -> str:
         return "? s"
 
 
-def exit_text(e: dict) -> str:
-    """"died of SIGSEGV", "exited with code 1 (ValueError: bad batch)", "was killed (…)"."""
+def exit_text(e: dict, at: str | None = None) -> str:
+    """How a rank ended: "died of SIGSEGV", "exited with code 3 at job.py:14 (load_shard), called
+    sys.exit", "exited with code 1 (ValueError: bad batch)", "was killed (…)". `at`: where its
+    exit call was made (the user's line), said after the code."""
     ex: dict = e["exit"] if isinstance(e.get("exit"), dict) else {}
     if e.get("status") == EXITED or e.get("state") == EXITED:
+        how = ex.get("how")
+        if how == INTERRUPTED:
+            return (f"was interrupted by {ex.get('signal') or 'a signal'}"
+                    + (f" ({first_line(str(ex['exception']))})" if ex.get("exception") else "") + (f" at {at}" if at else ""))
+        if ex.get("pending"):
+            return "ended its program (its exit code was not written yet)"
         code = ex.get("code")
         text = f"exited with code {code}" if code is not None else "exited"
         if ex.get("exception"):
-            text += f" ({ex['exception']})"
+            return text + f" ({first_line(str(ex['exception']))})"
+        if how in EXIT_CALLS:
+            msg = f": {first_line(str(ex['message']))}" if ex.get("message") else ""
+            return text + (f" at {at}" if at else "") + f", called {how}{msg}"
+        if how == RAISED:
+            return text + f" (raise SystemExit({code}): colltrace sees the line of sys.exit, exit() and os._exit calls only)"
+        if how == NATIVE_EXIT:
+            return text + " (exit() called in native code: Python's own ending never ran)"
+        if how == RETURNED:
+            return text + " (its program returned)"
         return text
     if ex.get("signal"):
         return f"died of {ex['signal']}" + (" at interpreter exit, after its program had finished" if ex.get("at_exit") else "")

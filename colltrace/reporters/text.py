@@ -18,12 +18,12 @@ from colltrace.analysis.culprits import Explanation
 from colltrace.analysis.desync import Desync
 from colltrace.model.finding import (Deadlock, DeadRank, DuplicateData, Finding, Mismatch, Stall,
                                      UnmatchedP2P)
-from colltrace.model.schema import DEAD, EXITED, UNKNOWN, UNREADABLE
+from colltrace.model.schema import DEAD, EXIT_CALLS, EXITED, INTERRUPTED, UNKNOWN, UNREADABLE
 from colltrace.words import and_list, frame_text_of, group_label, rank_word, sorted_ranks
 from colltrace.reporters.phrases import (PENDING_STATES, behind_clause, capitalized, clock, died_since, exit_text,
                                          first_line, group_phrase, natural_key, op_phrase, sample_entry, seconds,
                                          shape_text, untraced_clause, verb_for, who_phrase)
-from colltrace.reporters.locations import classes, locations_text, user_location, where
+from colltrace.reporters.locations import classes, exit_location, locations_text, user_location, where
 from colltrace.reporters.stacks import render_stack_classes
 from colltrace.reporters.activity import activity_clause
 from colltrace.reporters.native import live_clause, render_native_frames
@@ -221,15 +221,16 @@ def _dead_rank(f: DeadRank) -> str:
     text = f"Dead rank: rank {d}"
     if e.get("host"):
         text += f" (on {e['host']})"
-    text += f" {exit_text(e)}"
+    called = (e.get("exit") or {}).get("how") in EXIT_CALLS + (INTERRUPTED,) and e.get("stack")
+    text += f" {exit_text(e, at=exit_location(e['stack']) if called else None)}"
     in_native = native_place(e)   # where in native code, and the C++ exception behind an abort
     if in_native and e.get("native_other_thread"):   # a library's own thread crashed, not the Python line's
         text += in_native + " on a thread with no Python frames" + (
             f"; its main thread was at {user_location(e['stack'])}" if e.get("stack") else "")
     elif in_native:
         text += in_native + (f", called from {user_location(e['stack'])}" if e.get("stack") else "")
-    elif e.get("stack"):
-        text += f"; it was at {user_location(e['stack'])} when it died"
+    elif e.get("stack") and not called:
+        text += f"; it was at {user_location(e['stack'])} when it {'ended' if e.get('state') == EXITED else 'died'}"
     text += "."
     last = f.last_collective
     if last is not None and last.get("op"):

@@ -18,7 +18,7 @@ from colltrace.tracefile.ringfile import (COMPLETE, ENTER, F_ASYNC, F_DIGEST, F_
                                           RETURN, UNTRACED, WAIT, WAITED)
 from colltrace.errors import InputError
 from colltrace.model import build, schema
-from colltrace.model.schema import COMPLETED, IN_FLIGHT
+from colltrace.model.schema import COMPLETED, EXIT_CALLS, IN_FLIGHT
 
 RANK_FILE = re.compile(r"rank-(\d+)\.ring$")
 FATAL_SIGNALS = {
@@ -74,6 +74,52 @@ def parse_fault(text: str, roots: dict | None = None) -> dict | None:
             "thread": current["thread"] if current else None}
 
 
+def _failed_with(r: dict, err: dict) -> None:
+    """A failed record's reason (docs/findings.md: `reason`; `error` too), from its "error" line."""
+    r["error"] = r["reason"] = f"{err.get('type')}: {err.get('message')}" if err.get("type") else str(err.get("message"))
+
+
+def ending_of(exit_rec: dict | None, status: dict | None, exception: dict | None) -> tuple[dict | None, list]:
+    """How a rank ended, from what it wrote (colltrace/rank/exits.py): its exit record (what Python
+    knew at atexit, or as os._exit was called: the exit call with its code and line, or a return),
+    the status its process gave exit() after finalization (the code to believe), the exception
+    its main thread died of. Returns the snapshot's `exit` (None: no ending written) and the frames
+    of the exit call (innermost last; [] where none was seen).
+
+    `how`: sys.exit, exit(), quit(), os._exit (the call, at the line of its frames); exception;
+    signal (SIGINT after a KeyboardInterrupt: Python ends itself with it); return (code 0);
+    SystemExit (raised without a call colltrace saw: its code from the status); native (exit() in
+    native code: Python's own ending never ran). `pending`: the status is not written yet (it
+    comes after finalization), and until it is a return cannot be told from `raise SystemExit(n)`."""
+    code = status["code"] if status is not None else None
+    at = (exit_rec or {}).get("t") or (status or {}).get("t")
+    how = exit_rec.get("how") if exit_rec is not None else None
+    if exception is not None and how in (None, "exception", "signal"):
+        if exception.get("type") == "KeyboardInterrupt":
+            return {"signal": "SIGINT", "how": "signal", "exception": "KeyboardInterrupt", "at": at}, []
+        return {"code": 1 if code is None else code, "how": "exception", "at": at,
+                "exception": f"{exception.get('type')}: {exception.get('message')}"}, []
+    if exit_rec is None:
+        return ({"code": code, "how": "native", "at": at} if status is not None else None), []
+    if how is None:   # a trace written before colltrace told endings apart
+        return {"code": 0 if code is None else code, "at": at}, []
+    if how == "signal":
+        return {"signal": exit_rec.get("signal"), "how": how, "at": at}, []
+    noted = exit_rec.get("code")
+    if code is not None and code != noted:
+        # the program returned and raised SystemExit; or the call noted was caught and it went on
+        return {"code": code, "how": "SystemExit" if code else "return", "at": at}, []
+    info = {"code": noted, "how": how, "at": at}
+    frames: list = []
+    if how in EXIT_CALLS:
+        frames = [f for f in exit_rec.get("frames") or [] if isinstance(f, dict)]
+        if exit_rec.get("message"):
+            info["message"] = str(exit_rec["message"])
+    elif code is None and exit_rec.get("status_follows"):
+        info["pending"] = True
+    return info, frames
+
+
 class RankTrace:
     """One rank's records, assembled from its ring and definitions files."""
 
@@ -88,6 +134,7 @@ class RankTrace:
         self.native_info: dict = {}   # the rank's {"k": "native"} record: what it keeps of native frames
         self.meta: dict = {}
         self.exit: dict | None = None
+        self.exit_status: dict | None = None   # the status the process gave exit(), after finalization
         self.exception: dict | None = None
         self.thread_exceptions: list[dict] = []   # non-main threads that died of an exception
         self.notes: list[str] = []
@@ -137,15 +184,21 @@ class RankTrace:
                 self.progress.clear()
                 self._done_max.clear()
                 self.batches = batchlog.BatchLog()
-            elif k == "exit":
+            elif k == "exit" and self._this_process(d):
                 self.exit = d
+            elif k == "status" and self._this_process(d):
+                self.exit_status = {"code": int(d["code"]), "t": d.get("t")}
             elif k == "exception":
                 if d.get("fatal") is False:
                     self.thread_exceptions = (self.thread_exceptions + [d])[-4:]
                 else:
                     self.exception = d
             elif k == "error":
-                self.errors[int(d["rec"])] = d
+                rec = int(d["rec"])
+                self.errors[rec] = d
+                r = self.records.get(rec)
+                if r is not None and r["state"] == "failed" and not r.get("error"):
+                    _failed_with(r, d)   # its FAIL slot was read before this line was written
             elif k == "note":
                 self.notes.append(str(d.get("text", "")))
             elif k == "native":
@@ -154,6 +207,11 @@ class RankTrace:
                 self.batches.apply(d)
         except (KeyError, TypeError, ValueError):
             self.defs.bad_lines += 1
+
+    def _this_process(self, d: dict) -> bool:
+        """A line of this rank's process, not of an earlier one still shutting down as a restarted
+        rank took its file over (one written before lines said their pid: yes)."""
+        return d.get("pid") is None or self.meta.get("pid") in (None, d["pid"])
 
     def frames(self, stack_id: int) -> list[dict]:
         cached = self.stacks.get(stack_id)
@@ -270,7 +328,7 @@ class RankTrace:
                     self._ended(r, completed=False)
                 err = self.errors.get(rec_id)
                 if err:
-                    r["error"] = f"{err.get('type')}: {err.get('message')}" if err.get("type") else str(err.get("message"))
+                    _failed_with(r, err)
                 self.open.pop(rec_id, None)
             elif kind == WAIT:
                 if r["state"] not in ("completed", "failed"):
@@ -436,12 +494,9 @@ class RankTrace:
                 # down (gloo aborts there when its threads outlive Python); no collective is left
                 info["at_exit"] = True
             return "dead", info
-        if self.exception is not None:
-            # the main thread's uncaught exception: the rank is ending (code 1) even while its
-            # interpreter still shuts down, and others waiting for it must hear why now
-            return "exited", {"code": 1, "exception": f"{self.exception.get('type')}: {self.exception.get('message')}"}
-        if self.exit is not None:
-            return "exited", {"code": 0}
+        info, _ = ending_of(self.exit, self.exit_status, self.exception)
+        if info is not None:
+            return "exited", info
         ended = endings.cached(self.directory).get(self.rank)
         if ended is not None and ended["pid"] in (None, self.meta.get("pid")):
             return "dead", endings.exit_info(ended)   # colltrace ended it (COLLTRACE_ON_HANG=abort)
@@ -462,6 +517,7 @@ class RankTrace:
             records=self.all_records(), lost_slots=self.ring.lost, roots_ok=origins.valid_roots(self.meta.get("roots")),
             digests=self.digests, untraced=asks.untraced_since(self.flight_recorder(), progress),
             fault=self.fault(), exception=self.exception, thread_exceptions=self.thread_exceptions,
+            exit_frames=ending_of(self.exit, self.exit_status, self.exception)[1],
             batches=self.batches.entry(self.frames), samples=self.samples.entry(samples_since))
 
 

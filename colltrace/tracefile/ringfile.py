@@ -150,6 +150,9 @@ class DefsWriter:
         self.written += len(data)
         return True
 
+    def fileno(self) -> int:
+        return self._fd
+
     def close(self) -> None:
         try:
             os.close(self._fd)

@@ -7,6 +7,10 @@ import os
 import subprocess
 import sys
 
+from colltrace.tracefile import reader
+from helpers.jobs import markers
+from helpers.waiting import wait_until
+
 JOBS = os.path.join(os.path.dirname(__file__), "jobs")
 
 
@@ -33,8 +37,15 @@ def test_out_of_step_ranks_are_a_warning_not_a_finding(gloo_job):
 
 
 def test_a_healthy_job_in_step_has_no_warning(gloo_job):
-    job = gloo_job("healthy.py", 2, args=[3])
+    """...and ending with sys.exit(0) on every rank, after destroy_process_group, it is named
+    nowhere: no finding live (the watchdog's last snapshot written, none found) nor after."""
+    job = gloo_job("healthy.py", 2, args=[3, "exit"])
     assert job.wait(60) == [0, 0], job.stderr(0)
     out = analyze(job.dir, "--json")
     doc = json.loads(out.stdout)
     assert out.returncode == 0 and doc["findings"] == [] and doc["warnings"] == []
+    assert wait_until(lambda: os.path.exists(os.path.join(job.dir, "snapshot.json")), 30)
+    assert not os.path.exists(os.path.join(job.dir, "findings.jsonl"))
+    for tr in reader.load_traces(job.dir):   # what they did is read back, as it was
+        assert tr.status() == ("exited", {"code": 0, "how": "sys.exit", "at": tr.exit["t"]})
+        assert tr.snapshot_entry()["stack"][-1]["line"] == markers("healthy.py")["clean_exit"]
