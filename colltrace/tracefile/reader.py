@@ -13,7 +13,8 @@ import re
 
 from colltrace import origins
 from colltrace.tracefile import asks, batchlog, endings, ringfile, samples
-from colltrace.tracefile.ringfile import COMPLETE, ENTER, F_ASYNC, F_DIGEST, F_DONE, F_P2P, FAIL, RETURN, UNTRACED
+from colltrace.tracefile.ringfile import (COMPLETE, ENTER, F_ASYNC, F_CAPTURED, F_DIGEST, F_DONE, F_P2P, F_START, FAIL,
+                                         RETURN, STARTED, UNTRACED)
 from colltrace.errors import InputError
 from colltrace.model import build, schema
 from colltrace.model.schema import COMPLETED, IN_FLIGHT
@@ -202,7 +203,7 @@ class RankTrace:
                 "op": sig.get("op", "unknown"), "backend_op": sig.get("backend_op", "unknown"),
                 "p2p": p2p, "peer": peer if peer is not None and peer >= 0 else None,
                 "state": IN_FLIGHT if is_async else "waiting", "async": is_async,
-                "entered_at": t, "returned_at": None, "completed_at": None,
+                "entered_at": t, "returned_at": None, "completed_at": None, "started_at": None,
                 "shapes": [list(x) for x in sig.get("shapes", [])], "dtypes": list(sig.get("dtypes", [])),
                 "reduce_op": sig.get("reduce_op"), "root": root if root is not None and root >= 0 else None,
                 "count": 1, "thread": self.threads.get(tid, ""), "frames": self.frames(stack_id),
@@ -210,6 +211,8 @@ class RankTrace:
             if flags & F_DIGEST:
                 r["digest"] = f"{a32:08x}"
                 self.digests = True
+            if flags & F_START:   # a CUDA start event: started_at stays None until the GPU reaches the call
+                r["start_event"] = True
             self._add(r)
             self.open[rec_id] = r
             if not p2p:
@@ -218,7 +221,8 @@ class RankTrace:
             group = self._group_name(gid)
             r = {"id": -(self._untraced + 1), "rank": self.rank, "group": group, "seq": seq, "seq_end": seq + aux - 1,
                  "op": "untraced", "backend_op": "untraced", "p2p": False, "peer": None, "state": COMPLETED,
-                 "async": False, "entered_at": t, "returned_at": t, "completed_at": t, "shapes": [], "dtypes": [],
+                 "async": False, "entered_at": t, "returned_at": t, "completed_at": t, "started_at": None,
+                 "shapes": [], "dtypes": [],
                  "reduce_op": None, "root": None, "count": aux, "thread": "", "frames": []}
             self._untraced += 1
             self._add(r)
@@ -233,10 +237,19 @@ class RankTrace:
                 if not r["p2p"]:
                     r["seq_end"] = max(aux, r["seq"])
                     self._bump(r["group"], "entered", r["seq_end"])
-                if flags & F_DONE:
+                if flags & F_CAPTURED:
+                    # captured into a CUDA graph: nothing ran; it runs at replays, unseen. Not a
+                    # completion of the group's earlier work either.
+                    r["captured"] = True
+                    r["state"], r["completed_at"] = "completed", t
+                    self.open.pop(rec_id, None)
+                elif flags & F_DONE:
                     self._complete(r, t)
                 else:
                     r["state"] = "in_flight"
+            elif kind == STARTED:
+                if r["started_at"] is None:
+                    r["started_at"] = t
             elif kind == COMPLETE:
                 self._complete(r, t)
             elif kind == FAIL:
@@ -256,6 +269,8 @@ class RankTrace:
     def _complete(self, r: dict, t: float) -> None:
         r["state"] = "completed"
         r["completed_at"] = t
+        if r.get("start_event") and r["started_at"] is None:
+            r["started_at"] = t   # finished before the poller saw it start: it started by then
         self.open.pop(r["id"], None)
         if r["p2p"]:
             return
@@ -265,6 +280,8 @@ class RankTrace:
             if other["group"] == r["group"] and not other["p2p"] and other["seq"] < r["seq"] and other["state"] == IN_FLIGHT:
                 other["state"] = "completed"
                 other["completed_at"] = other["completed_at"] or t
+                if other.get("start_event") and other["started_at"] is None:
+                    other["started_at"] = other["completed_at"]
                 self.open.pop(other["id"], None)
 
     # -- views ----------------------------------------------------------------------------
