@@ -31,7 +31,7 @@ import ctypes
 import sys
 import threading
 
-POOL_MAX = 256          # free events kept per device
+POOL_MAX = 4096         # free events kept per device (a burst of async collectives may hold many)
 OWN_STREAMS_MAX = 64    # colltrace's own streams per process; past it, Works are polled instead
 BEGIN_WAIT_S = 2.0      # how long a capture's begin waits for a poll under way to finish
 
@@ -334,10 +334,12 @@ class CudaMarks:
         # One per device and group (per peer for p2p): a collective stuck in one group must not
         # hold back the end events of another's.
         key = (device, lane)
-        stream = self._own.get(key)
-        if stream is None and len(self._own) < OWN_STREAMS_MAX:
-            stream = self._own[key] = self.rt.own_stream(device)
-        return stream
+        if key not in self._own and len(self._own) < OWN_STREAMS_MAX:
+            try:
+                self._own[key] = self.rt.own_stream(device)
+            except Exception:   # the runtime refused: this lane's Works are polled
+                self._own[key] = None
+        return self._own.get(key)
 
     def release(self, mark: Mark, reuse: bool = True) -> None:
         for ev in (mark.start, mark.end):

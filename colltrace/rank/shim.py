@@ -148,10 +148,13 @@ def _object_device(group, device):
     group): a torch.device."""
     import torch
 
-    if device is None:
-        choose = getattr(_c10d, "_get_object_coll_device", None)
-        device = choose(group) if choose is not None else "cpu"
-    return torch.device(device)
+    try:
+        if device is None:
+            choose = getattr(_c10d, "_get_object_coll_device", None)
+            device = choose(group) if choose is not None else "cpu"
+        return torch.device(device)
+    except Exception:   # a group c10d cannot say this of (a Python-defined backend): its CPU side
+        return torch.device("cpu")
 
 
 def _cuda_index(device, rec) -> int | None:
