@@ -514,6 +514,7 @@ def _ensure_recorder():
                 pass
             recorder = rec
             _state["recorder"] = rec
+            cudamarks.watch_captures()   # again: a torch that imports torch.cuda after torch.distributed
             if settings.batches:
                 from colltrace.rank import batches
 

@@ -243,6 +243,8 @@ class RankTrace:
                     r["captured"] = True
                     r["state"], r["completed_at"] = "completed", t
                     self.open.pop(rec_id, None)
+                    if not r["p2p"]:
+                        self._bump(r["group"], "completed", r["seq_end"])
                 elif flags & F_DONE:
                     self._complete(r, t)
                 else:
