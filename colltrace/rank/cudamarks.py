@@ -287,8 +287,9 @@ class CudaMarks:
                 pass
 
     def poll(self, mark: Mark):
-        """(reached its start just now, outcome): outcome None while the collective runs, True once
-        it ran, a reason (str) where it failed (the CUDA error, the Work's exception)."""
+        """(reached its start just now, outcome): outcome False while the collective runs, True once
+        it ran, a reason (str) where it failed (the CUDA error, the Work's future's error), as
+        recorder._waitable_done answers."""
         try:
             self._on(mark.device)
             if mark.end is None and mark.route is None:
@@ -302,7 +303,7 @@ class CudaMarks:
                 mark.started = started = True
             if done:
                 self.release(mark)
-            return started, (True if done else None)
+            return started, bool(done)
         except Exception as exc:
             self.release(mark, reuse=False)
             return False, f"{type(exc).__name__}: {exc}"[:2000]

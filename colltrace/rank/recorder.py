@@ -48,20 +48,13 @@ def _line_of(code, lasti: int) -> int:
     return line if line is not None else code.co_firstlineno
 
 
-def _waitable_state(w):
-    """What a waitable the poller holds (a Work, a CUDA event, a coalesced block's works) says:
-    None while it runs, True once it finished, a reason (str) where it failed."""
-    try:
-        done = w.query() if hasattr(w, "query") else all(x.is_completed() for x in w) if isinstance(w, (list, tuple)) else w.is_completed()
-        return True if done else None
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"[:2000]
-
-
 def _waitable_done(w) -> bool:
-    """Whether it is finished (the compiled drain's question); a failed one is: its error reaches
-    the program itself."""
-    return _waitable_state(w) is not None
+    """Whether a waitable the poller holds (a Work, a CUDA event, a coalesced block's works) is
+    finished; a failed one is: its error reaches the program itself."""
+    try:
+        return w.query() if hasattr(w, "query") else all(x.is_completed() for x in w) if isinstance(w, (list, tuple)) else w.is_completed()
+    except Exception:
+        return True
 
 
 def _cuda_in_use() -> bool:
@@ -158,6 +151,7 @@ class Recorder:
         self._drain = fastpath.drainer(settings)   # the compiled drain loop, or None: the Python one
         self._cuda = cuda
         self._marks: list = []          # (rec_id, gid, seq, cudamarks.Mark): CUDA work polled by its events
+        self._drain_lock = threading.Lock()   # one drain at a time: a destroyed group's Works are not in the poller's hands
         self._stop = threading.Event()
         self._internal_error_reported = False
         self._install_fault_handler()
@@ -245,7 +239,7 @@ class Recorder:
 
     def _at_exit(self):
         if not self.disabled:
-            self._drain_pending(final=True)
+            self._drain_all(final=True)
             self.ring.heartbeat(_time())
             self.defs.write({"k": "exit", "t": _time(), "clean": True})
         self._stop.set()
@@ -484,7 +478,7 @@ class Recorder:
         while not self._stop.wait(period):
             try:
                 self.ring.heartbeat(_time())
-                self._drain_pending()
+                self._drain_all()
                 self._answer_fr()              # a watchdog's request for the Flight Recorder
                 self._stack_responder.poll()   # a watchdog's request for this rank's stacks
                 self._sampler.poll()           # ... for samples of its stack (a straggler)
@@ -506,25 +500,30 @@ class Recorder:
                 self.cuda.settle()
                 self._flight_recorder.poll()
 
-    def _drain_pending(self, final=False):
-        if not self._pending and not self._marks:
-            return
+    def _drain_all(self, final=False):
+        # bounded: a poller stuck in a CUDA call (a wedged GPU) must not hold the program's exit
+        if self._drain_lock.acquire(timeout=2.0 if final else -1):
+            try:
+                self._drain_gated(final)
+            finally:
+                self._drain_lock.release()
+
+    def _drain_gated(self, final):
         if self._cuda is None and not _cuda_in_use():
-            self._drain_works(final)
+            self._drain_pending(final)
             return
         # CUDA in use: no CUDA call (an event query, a Work's is_completed) while a global-mode graph
         # capture is under way; the Works wait for the capture's end too (they may be NCCL's).
         with self.cuda.quiet() as free:
-            if free or final:
-                if free:
-                    self.cuda.settle()   # a Work's is_completed queries an event of its device
-                    self._drain_works(final)
-                    self._drain_marks(final)
-                else:   # exiting mid-capture: nothing more is asked; let go of it all
-                    with self._pending_lock:
-                        self._pending, self._marks = [], []
+            if free:
+                self.cuda.settle()   # a Work's is_completed queries an event of its device
+                self._drain_pending(final)
+                self._drain_marks(final)
+            elif final:   # exiting mid-capture: nothing more is asked; let go of it all
+                with self._pending_lock:
+                    self._pending, self._marks = [], []
 
-    def _drain_works(self, final):
+    def _drain_pending(self, final=False):
         if not self._pending:
             return
         with self._pending_lock:
@@ -535,9 +534,9 @@ class Recorder:
         else:
             keep = []
             for item in pending:
-                outcome = _waitable_state(item[3])
-                if outcome is not None:
-                    self._finished(item, outcome)
+                rec, gid, seq, w = item
+                if _waitable_done(w):
+                    self.ring.write(COMPLETE, 0, gid, 0, 0, 0, 0, seq, 0, _time(), rec)
                 elif not final:
                     keep.append(item)
         if keep:
@@ -554,7 +553,7 @@ class Recorder:
         for item in marks:
             rec, gid, seq, mark = item
             started, outcome = poll(mark)
-            if outcome is not None:
+            if outcome is not False:
                 self._finished(item, outcome)
                 continue
             if started:
@@ -566,8 +565,8 @@ class Recorder:
                 self._marks[:0] = keep
 
     def _finished(self, item, outcome) -> None:
-        """A polled waitable's end: True (it ran) or a reason (it failed). A failed one is written
-        finished too, as the compiled drain writes it: its error reaches the program itself."""
+        """A CUDA mark's (or a destroyed group's Work's) end: True (it ran) or a reason (it failed).
+        A failed one is written finished, as _drain_pending writes a failed Work."""
         rec, gid, seq, _ = item
         self.ring.write(COMPLETE, 0, gid, 0, 0, 0, 0, seq, 0, _time(), rec)
 
@@ -586,6 +585,15 @@ class Recorder:
         ids = None if pg is None else self.group_ids(pg)
         if ids is not None and not ids:
             return
+        # a drain under way puts back what it did not finish first (bounded: a poller stuck in CUDA
+        # must not hold the program's destroy_process_group)
+        if self._drain_lock.acquire(timeout=5.0):
+            try:
+                self._forget(ids)
+            finally:
+                self._drain_lock.release()
+
+    def _forget(self, ids) -> None:
         mine = (lambda gid: True) if ids is None else ids.__contains__
         with self._pending_lock:
             works = [x for x in self._pending if mine(x[1])]
@@ -599,7 +607,7 @@ class Recorder:
                 self._ask_once(works)
                 for item in held:
                     outcome = cuda.poll(item[3])[1]
-                    if outcome is not None:
+                    if outcome is not False:
                         self._finished(item, outcome)
                     elif item[3].works is None:   # an event of colltrace's own now
                         keep.append(item)
@@ -612,9 +620,8 @@ class Recorder:
 
     def _ask_once(self, works) -> None:
         for item in works:
-            outcome = _waitable_state(item[3])
-            if outcome is not None:
-                self._finished(item, outcome)
+            if _waitable_done(item[3]):
+                self._finished(item, True)
 
     def close(self):
         self.disable()
