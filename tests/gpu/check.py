@@ -2,7 +2,7 @@
 repository's files alone (no install; colltrace from this checkout, activated through a
 sitecustomize in a temporary folder on PYTHONPATH; nothing written outside $OUT and /tmp).
 
-    python3 tests/gpu/check.py [--only A,B,...] [--budget 420]
+    python3 tests/gpu/check.py [--only A,B,...] [--budget 460]
 
 Steps (docs: CONTRIBUTING.md, "GPU suite"; the reasons: ../shared/notes/nccl-audit.md section 8):
   A  facts: versions, the recorders, the compiled path, the CUDA runtime routes colltrace finds
@@ -17,7 +17,7 @@ Steps (docs: CONTRIBUTING.md, "GPU suite"; the reasons: ../shared/notes/nccl-aud
   F  no sync added (the stream still busy after 600 traced calls behind a long kernel) and the cost
      per CUDA collective, traced and untraced; the CPU-side cost with stand-in events
   G  functional collectives on a tp group, then only default-group work: a healthy job
-  H  python3 -m pytest tests/gpu
+  H  python3 -m pytest tests/gpu (when 120 s of the budget are left; else --only H on its own)
 Each step is bounded in time and writes one JSON line to $OUT/summary.jsonl ({"step", "ok",
 "expect", "seen", "seconds"}; "ok" null with "skipped" where it cannot run); $OUT/log.txt holds every
 job's output; $OUT/traces.tgz the trace folders' findings, reports and definitions. OUT defaults to
@@ -505,7 +505,7 @@ print("FACTS " + json.dumps(out))
 
     def step_H(self):
         t = time.time()
-        if self.left() < 150:
+        if self.left() < 120:
             self.result("H", None, "tests/gpu pass", {}, t, f"skipped: {self.left():.0f} s of the budget left")
             return
         cmd = [sys.executable, "-m", "pytest", os.path.join(REPO, "tests", "gpu"), "-o", "addopts=", "-p", "no:cacheprovider",
@@ -542,7 +542,7 @@ STEPS = ("A", "B", "C1", "C2", "C3", "D", "E", "F", "G", "H")
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="comma-separated steps (default: all)")
-    ap.add_argument("--budget", type=float, default=420.0, help="seconds for the whole check; H runs only if 150 are left")
+    ap.add_argument("--budget", type=float, default=460.0, help="seconds for the whole check; H runs only if 120 are left")
     a = ap.parse_args()
     out = os.environ.get("OUT") or tempfile.mkdtemp(prefix="colltrace-gpu-out-")
     os.makedirs(out, exist_ok=True)

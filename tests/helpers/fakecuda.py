@@ -68,6 +68,11 @@ class FakeFuture:
     def done(self):
         return self.work.nccl or self.work.gpu_done
 
+    def value(self):
+        if self.work.error:
+            raise RuntimeError(self.work.error)
+        return [object()]
+
     def wait(self):
         if self.work.error:
             raise RuntimeError(self.work.error)
