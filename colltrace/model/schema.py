@@ -69,6 +69,9 @@ class Record(TypedDict, total=False):
     entered_at: float
     returned_at: Optional[float]
     completed_at: Optional[float]
+    started_at: Optional[float]   # a CUDA collective's start event seen reached; None: not (yet), or unknown
+    start_event: bool  # present (True) where a start event was recorded: started_at None means not started
+    captured: bool     # present (True): captured into a CUDA graph, runs at replays unseen
     shapes: list
     dtypes: list
     frames: list

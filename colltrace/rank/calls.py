@@ -57,6 +57,28 @@ def describe_tensors(t):
     return (tuple(shape),), (dtype_name(t.dtype),), t.is_cuda
 
 
+def cuda_device(t) -> int | None:
+    """The device index of a tensor on a CUDA GPU (the first such of a list), or None."""
+    if isinstance(t, (list, tuple)):
+        for x in t[:64]:
+            d = cuda_device(x)
+            if d is not None:
+                return d
+        return None
+    if not getattr(t, "is_cuda", False):
+        return None
+    return t.get_device()
+
+
+def device_type(t, default: str = "cpu") -> str:
+    """The device type of a tensor (the first of a list): the backend an op on it goes to, in a
+    group of several backends."""
+    if isinstance(t, (list, tuple)):
+        t = next((x for x in t[:64] if hasattr(x, "device")), None)
+    dev = getattr(t, "device", None)
+    return default if dev is None else dev.type
+
+
 def input_digest(t, limit: int) -> int | None:
     """CRC-32 of a CPU tensor's bytes, or None (on a GPU: reading it would sync; sparse; too big)."""
     if getattr(t, "is_cuda", True) or t.device.type != "cpu" or t.is_sparse:
@@ -96,7 +118,8 @@ def group_attr(pg, attr: str) -> str:
 
 
 def describe_group(pg):
-    """(name, desc, global ranks, backend, its sequence counter's reader): no side effects."""
+    """(name, desc, global ranks, backend, its sequence counter's reader, lanes): no side effects.
+    lanes: backend_lanes(pg)."""
     from torch.distributed import distributed_c10d as c10d
 
     ranks = list(c10d.get_process_group_ranks(pg))
@@ -118,7 +141,7 @@ def describe_group(pg):
         pass
     # c10d's own registry names every group it made, whatever its class (the same on every rank)
     name = group_attr(pg, "group_name") or str(c10d._world.pg_names.get(pg, "") or "")
-    return name, group_desc(pg), ranks, backend, get_seq
+    return name, group_desc(pg), ranks, backend, get_seq, backend_lanes(pg, backend)
 
 
 def group_desc(pg) -> str:
@@ -181,6 +204,44 @@ def group_timeout(pg) -> float | None:
         except Exception:
             continue
     return None
+
+
+
+def _counter(ref, device, fn):
+    """A reader of one backend's counter in a group of several, through the group held weakly."""
+    def get_seq():
+        p = ref()
+        return fn(p._get_backend(device)) if p is not None else -1
+    return get_seq
+
+
+def backend_lanes(pg, backend: str = ""):
+    """{device type: (backend name, its counter's reader or None)} for a group whose device types
+    go to different backends ("cpu:gloo,cuda:nccl": an op goes to the backend of its tensors'
+    device, and each backend counts only its own ops); None for a group of one backend."""
+    try:
+        import torch
+
+        types = [d.type for d in pg._device_types]
+        if len(types) < 2:
+            return None
+        backends = {t: pg._get_backend(torch.device(t)) for t in types}
+    except Exception:
+        return None
+    if len({id(b) for b in backends.values()}) < 2:
+        return None
+    names = dict(part.split(":", 1) for part in backend.split(",") if ":" in part)   # "cpu:gloo,cuda:nccl"
+    ref = weakref.ref(pg)
+    lanes = {}
+    for t, b in backends.items():
+        fn = getattr(type(b), "_get_sequence_number_for_group", None)
+        try:
+            fn(b)
+            get_seq = _counter(ref, torch.device(t), fn)
+        except Exception:   # a backend without a counter (nccl2): numbered by the calls seen
+            get_seq = None
+        lanes[t] = (names.get(t) or type(b).__name__, get_seq)
+    return lanes
 
 
 def to_global(gs, group_rank):

@@ -25,36 +25,69 @@ KEEP_PER_GROUP = 8   # newest entries per group written on request
 class Responder(asks.Responder):
     """Rank side: answers the watchdog's request with the newest Flight Recorder entries."""
 
-    def __init__(self, directory: str, rank: int):
+    def __init__(self, directory: str, rank: int, names=None):
+        """names() -> {(group name, backend): lane name}: the groups of several backends
+        (Recorder.fr_names), whose backends' recorders name the same group."""
         super().__init__(asks.fr_request_path(directory, rank), asks.fr_dump_path(directory, rank))
+        self._names = names
 
     def answer(self) -> dict:
         data = {"t": time.time(), "entries": [], "error": None}
         try:
-            data["entries"] = _newest(_dump())
+            names = self._names() if self._names is not None else {}
+            data["entries"] = _newest(_dump(), names)
         except Exception as exc:   # an older torch, the recorder off: say so, never raise
             data["error"] = f"{type(exc).__name__}: {exc}"
         return data
 
-def _dump() -> list[dict]:
-    import torch
 
-    c = torch._C._distributed_c10d
-    fn = getattr(c, "_dump_fr_trace_json", None)
-    if fn is None:
-        raise RuntimeError("this torch has no Flight Recorder dump (torch >= 2.6 has it)")
-    return json.loads(fn(includeCollectives=True, onlyActive=False)).get("entries") or []
+# Each backend's recorder: NCCL's holds CUDA events (FlightRecorder<CUDAEvent>), gloo's c10::Events;
+# a hooked backend (nccl2, torch >= 2.15) records into a recorder of its own, read by name.
+SOURCES = (("nccl", "_dump_nccl_trace_json", {}), ("nccl2", "_dump_fr_trace_json", {"backend": "nccl2"}),
+           ("gloo", "_dump_fr_trace_json", {}))
 
 
-def _newest(entries: list[dict]) -> list[dict]:
+def _dump(c10d=None) -> list[dict]:
+    """Every recorder's entries, each tagged with its backend ("_source"); raises only where no
+    recorder could be read (the first reason)."""
+    if c10d is None:
+        import torch
+
+        c10d = torch._C._distributed_c10d
+    out: list[dict] = []
+    errors = []
+    read = 0
+    for source, name, extra in SOURCES:
+        fn = getattr(c10d, name, None)
+        if fn is None:
+            continue
+        try:
+            entries = json.loads(fn(includeCollectives=True, onlyActive=False, **extra)).get("entries") or []
+        except TypeError:   # no such argument in this torch: no such recorder
+            continue
+        except Exception as exc:
+            errors.append(f"{source}: {type(exc).__name__}: {exc}")
+            continue
+        read += 1
+        out.extend(dict(e, _source=source) for e in entries if isinstance(e, dict))
+    if not read:
+        raise RuntimeError(errors[0] if errors else "this torch has no Flight Recorder dump (torch >= 2.6 has it)")
+    return out
+
+
+def _newest(entries: list[dict], names: dict | None = None) -> list[dict]:
+    names = names or {}
     out: dict[str, list] = {}
     for e in entries:
         pg = e.get("process_group") or ["?", ""]
         name = str(pg[0])
+        source = e.get("_source")
+        name = names.get((name, source)) or (source == "nccl2" and names.get((name, "nccl"))) or name
         op = str(e.get("profiling_name") or "?").split(":", 1)[-1]
         out.setdefault(name, []).append({
             "group": name, "seq": int(e.get("collective_seq_id") or 0), "p2p": bool(e.get("is_p2p")),
             "op": op.lstrip("_"), "backend_op": op.replace("_", ""),
             "shapes": e.get("input_sizes") or [], "dtypes": [asks.DTYPES.get(d, str(d).lower()) for d in e.get("input_dtypes") or []],
             "state": e.get("state"), "t": (e.get("time_created_ns") or 0) / 1e9})
-    return [x for group in out.values() for x in group[-KEEP_PER_GROUP:]]
+    # several recorders may name one group (a hooked backend beside gloo's): oldest first, by time
+    return [x for group in out.values() for x in sorted(group, key=lambda x: x["t"])[-KEEP_PER_GROUP:]]

@@ -23,7 +23,7 @@ import threading
 import weakref
 
 from colltrace.rank import fastpath
-from colltrace.rank.calls import BACKEND_OVERRIDES, describe_tensors, to_global
+from colltrace.rank.calls import BACKEND_OVERRIDES, describe_tensors, device_type, to_global
 from colltrace.tracefile.ringfile import F_ASYNC, F_P2P
 
 HOOK_ID = 0x636F6C6C   # "coll": one id per group, ours; a program's own hooks use their own ids
@@ -318,6 +318,8 @@ def _make_pre(ref, shim):
                 if r is not None and r >= 0:
                     root = to_global(gs, r)
                 tensors = ins
+            if gs.lanes is not None:   # a group of several backends: the one this op went to
+                gs = gs.lane(device_type(tensors))
             shapes, dtypes, _ = describe_tensors(tensors)
             backend_op = BACKEND_OVERRIDES.get((gs.backend, bop), bop)
             sig = rec.sig_id((bop, backend_op, gs.id, shapes, dtypes, None, root, peer, is_async))

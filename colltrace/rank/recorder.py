@@ -8,6 +8,7 @@ definitions file.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import faulthandler
 import itertools
 import os
@@ -17,11 +18,11 @@ import time
 import traceback
 import weakref
 
-from colltrace.rank import calls, crash, exits, fastpath, flightrecorder, sampler
+from colltrace.rank import calls, crash, cudamarks, exits, fastpath, flightrecorder, sampler
 from colltrace import origins
 from colltrace.tracefile import asks, ringfile, storage
-from colltrace.tracefile.ringfile import (COMPLETE, ENTER, F_DONE, F_P2P, F_UNOBSERVED, FAIL, RETURN, UNTRACED,
-                                         WAIT, WAITED)
+from colltrace.tracefile.ringfile import (COMPLETE, ENTER, F_CAPTURED, F_DONE, F_P2P, F_UNOBSERVED, FAIL, RETURN,
+                                         STARTED, UNTRACED, WAIT, WAITED)
 
 _time = time.time
 _getframe = sys._getframe
@@ -80,6 +81,11 @@ def _waitable_done(w) -> bool | str:
         return str(exc) or type(exc).__name__
 
 
+def _cuda_in_use() -> bool:
+    """Whether this process has initialized CUDA (without a CUDA call: torch.cuda's own flag)."""
+    return bool(getattr(sys.modules.get("torch.cuda"), "_initialized", False))
+
+
 _work_types: list = []
 
 
@@ -100,7 +106,8 @@ class _Local(threading.local):
 
 
 class GroupState:
-    __slots__ = ("id", "pg", "name", "ranks", "backend", "get_seq", "seq_fn", "last_after", "p2p_offset", "p2p_seq")
+    __slots__ = ("id", "pg", "name", "ranks", "backend", "get_seq", "seq_fn", "last_after", "p2p_offset", "p2p_seq",
+                 "lanes")
 
     def __init__(self, gid, pg, name, ranks, backend, get_seq):
         self.id, self.pg, self.name, self.ranks, self.backend = gid, pg, name, ranks, backend   # pg: a weakref
@@ -110,10 +117,19 @@ class GroupState:
         self.last_after = None   # backend counter after our last observed op
         self.p2p_offset = 0      # backend steps taken by p2p ops (gloo counts them, NCCL does not)
         self.p2p_seq = {}        # (src, dst) -> count
+        # A group whose device types go to different backends ("cpu:gloo,cuda:nccl"): each backend
+        # numbers its own ops, so each is a lane with its own numbers and name (this state is the
+        # lane of the first accelerator); device type -> GroupState. None: one backend.
+        self.lanes = None
+
+    def lane(self, device_type: str) -> "GroupState":
+        """The state that numbers this group's ops on tensors of `device_type`."""
+        return self if self.lanes is None else self.lanes.get(device_type, self)
 
 
 class Recorder:
-    def __init__(self, settings, rank: int, world_size: int, backend: str = "", event_factory=None, job=None):
+    def __init__(self, settings, rank: int, world_size: int, backend: str = "", cuda=None, job=None):
+        """cuda: the CudaMarks that follows CUDA collectives (made at the first one unless given)."""
         self.settings = settings
         self.rank = rank
         self.pid = os.getpid()   # a forked child (a DataLoader worker) writes nothing of its ending here
@@ -162,7 +178,9 @@ class Recorder:
         # wait_tensor() is the one sign of its completion (there is no Work to poll)
         self._unobserved: dict = {}
         self._drain = fastpath.drainer(settings)   # the compiled drain loop, or None: the Python one
-        self._event_factory = event_factory
+        self._cuda = cuda
+        self._marks: list = []          # (rec_id, gid, seq, cudamarks.Mark): CUDA work polled by its events
+        self._drain_lock = threading.Lock()   # one drain at a time: a destroyed group's Works are not in the poller's hands
         self._stop = threading.Event()
         self._internal_error_reported = False
         self._install_fault_handler()
@@ -177,7 +195,7 @@ class Recorder:
         # the exit status, written after Python's finalization (its code where Python saw no call)
         self._status_armed = exits.arm_status(self.defs.fileno())
         self.ring.heartbeat(_time())
-        self._flight_recorder = flightrecorder.Responder(d, rank)
+        self._flight_recorder = flightrecorder.Responder(d, rank, self.fr_names)
         self._stack_responder = asks.StackResponder(d, rank, native=crash.main_stack)
         self._sampler = sampler.Sampler(d, rank)   # where it is while others wait, when the watchdog asks
         self._poller = threading.Thread(target=self._poll_loop, name="colltrace-poller", daemon=True)
@@ -284,13 +302,13 @@ class Recorder:
         # holds the lock, appending a work.
         if self._pending_lock.acquire(blocking=False):
             self._pending_lock.release()
-            self._drain_pending(final=True)
+            self._drain_all(final=True)
         self.ring.heartbeat(_time())
         self.defs.write(self._ending(call, final=True))
 
     def _at_exit(self):
         if not self.disabled and os.getpid() == self.pid:
-            self._drain_pending(final=True)
+            self._drain_all(final=True)
             self.ring.heartbeat(_time())
             self.defs.write(self._ending(exits.last_call()))
         self._stop.set()
@@ -322,6 +340,7 @@ class Recorder:
         # the last reference to a gloo work may be dropped as the interpreter shuts down.
         with self._pending_lock:
             self._pending = []
+            self._marks = []
         if why:
             try:
                 self.defs.write({"k": "note", "t": _time(), "text": f"tracing disabled: {why}"})
@@ -413,7 +432,8 @@ class Recorder:
             if pg in self._untraced_groups:
                 return None   # already found undescribable at a call: not described again on every call
             try:
-                name, desc, ranks, backend, get_seq = describe(pg)
+                name, desc, ranks, backend, get_seq, *more = describe(pg)
+                lanes = more[0] if more else None   # calls.describe_group: {device type: (backend, counter)}
                 if not name:
                     raise ValueError("it has no name")
             except Exception as exc:
@@ -422,17 +442,61 @@ class Recorder:
                     self.defs.write({"k": "note", "t": _time(), "text": f"group {type(pg).__name__} not traced: {exc!r}"})
                 return None
             ref = weakref.ref(pg, lambda _, key=key, groups=self.groups: groups.pop(key, None))
-            gs = GroupState(next(self._group_ids), ref, name, ranks, backend, get_seq)
-            group_line = {"k": "group", "id": gs.id, "name": name, "desc": desc, "ranks": ranks, "backend": backend}
             timeout = calls.group_timeout(pg)
-            if timeout is not None:
-                group_line["timeout_s"] = timeout
-            self.defs.write(group_line)
-            if get_seq is None:
-                self.defs.write({"k": "note", "t": _time(), "text": f"group {name} ({backend or type(pg).__name__}) "
-                                 "keeps no sequence numbers: numbered by the calls colltrace saw"})
+            if lanes:
+                gs = self._lanes(ref, name, desc, ranks, lanes, timeout)
+            else:
+                gs = self._group(ref, name, desc, ranks, backend, get_seq, timeout=timeout)
             self.groups[key] = gs
         return gs
+
+    def _group(self, ref, name, desc, ranks, backend, get_seq, device=None, timeout=None) -> GroupState:
+        gs = GroupState(next(self._group_ids), ref, name, ranks, backend, get_seq)
+        d = {"k": "group", "id": gs.id, "name": name, "desc": desc, "ranks": ranks, "backend": backend}
+        if device is not None:
+            d["device"] = device
+        if timeout is not None:
+            d["timeout_s"] = timeout   # the backend's: a post-mortem tells its abort from a crash
+        self.defs.write(d)
+        if get_seq is None:
+            self.defs.write({"k": "note", "t": _time(), "text": f"group {name} ({backend or 'its backend'}) "
+                             "keeps no sequence numbers: numbered by the calls colltrace saw"})
+        return gs
+
+    def _lanes(self, ref, name, desc, ranks, lanes: dict, timeout=None) -> GroupState:
+        """A group of several backends: one lane per device type, each numbered by its backend's own
+        counter. The first accelerator's lane keeps the group's name (what NCCL's Flight Recorder
+        calls it); the others are named "<group>:<device type>". None of them takes the compiled
+        path (its counter reader reads the group's default backend)."""
+        accelerators = sorted(t for t in lanes if t != "cpu")
+        primary = accelerators[0] if accelerators else sorted(lanes)[0]
+        out = {}
+        for t in [primary] + sorted(t for t in lanes if t != primary):
+            backend, get_seq = lanes[t]
+            lane_name = name if t == primary else f"{name}:{t}"
+            out[t] = self._group(ref, lane_name, desc, ranks, backend, get_seq, device=t, timeout=timeout)
+            out[t].seq_fn = None
+        main = out[primary]
+        main.lanes = out
+        for lane in out.values():
+            lane.lanes = out
+        return main
+
+    def group_ids(self, pg) -> set:
+        """The ids of a group's states (its lanes too); empty for a group never seen."""
+        gs = self.groups.get(id(pg))
+        if gs is None:
+            return set()
+        return {lane.id for lane in (gs.lanes or {}).values()} | {gs.id}
+
+    def fr_names(self) -> dict:
+        """{(group name, backend): lane name} for the groups of several backends: what the Flight
+        Recorder of each backend calls a lane (flightrecorder.py)."""
+        out = {}
+        for gs in list(self.groups.values()):
+            for lane in (gs.lanes or {}).values():
+                out[(gs.name, lane.backend)] = lane.name
+        return out
 
     # ---- events ----------------------------------------------------------------------
     def enter(self, gs: GroupState, sig: int, frame, flags: int, seq_hint_p2p=None, peer: int = -1, digest: int = 0):
@@ -453,7 +517,10 @@ class Recorder:
         self.ring.write(ENTER, flags, gs.id, sig, self.stack_id(frame), tid, digest, seq, peer, _time(), rec)
         return rec, gs, before, seq, flags
 
-    def exit(self, ctx, done: bool, waitable=None, unobserved: bool = False):
+    def exit(self, ctx, done: bool, waitable=None, captured: bool = False, unobserved: bool = False):
+        """done: the call's return means the work finished; waitable: what says when it does (a
+        Work, works, a cudamarks.Mark); captured: the call was captured into a CUDA graph;
+        unobserved: nothing will say when it finishes (a functional collective)."""
         rec, gs, before, seq, flags = ctx
         after = gs.get_seq() if gs.get_seq is not None else before + 1
         steps = after - before
@@ -463,11 +530,19 @@ class Recorder:
         else:
             seq_end = seq + max(steps, 1) - 1
         gs.last_after = after
-        self.ring.write(RETURN, flags | (F_DONE if done else 0) | (F_UNOBSERVED if unobserved else 0), gs.id, 0, 0, 0, 0,
-                        seq, seq_end, _time(), rec)
-        if waitable is not None:
+        if captured:
+            flags |= F_DONE | F_CAPTURED
+        elif done:
+            flags |= F_DONE
+        elif unobserved:
+            flags |= F_UNOBSERVED
+        self.ring.write(RETURN, flags, gs.id, 0, 0, 0, 0, seq, seq_end, _time(), rec)
+        if waitable is not None and not captured:
             with self._pending_lock:
-                self._pending.append((rec, gs.id, seq, waitable))
+                if isinstance(waitable, cudamarks.Mark):
+                    self._marks.append((rec, gs.id, seq, waitable))
+                else:
+                    self._pending.append((rec, gs.id, seq, waitable))
 
     def fail(self, ctx, exc: BaseException):
         rec, gs, before, seq, flags = ctx
@@ -537,8 +612,8 @@ class Recorder:
         while not self._stop.wait(period):
             try:
                 self.ring.heartbeat(_time())
-                self._drain_pending()
-                self._flight_recorder.poll()   # a watchdog's request for the Flight Recorder
+                self._drain_all()
+                self._answer_fr()              # a watchdog's request for the Flight Recorder
                 self._stack_responder.poll()   # a watchdog's request for this rank's stacks
                 self._sampler.poll()           # ... for samples of its stack (a straggler)
             except OSError as exc:   # its answer could not be written: the folder is full
@@ -547,6 +622,40 @@ class Recorder:
             except Exception as exc:  # pragma: no cover - defensive
                 self.internal_error(exc)
                 return
+
+    def _answer_fr(self):
+        if self._cuda is None and not _cuda_in_use():
+            self._flight_recorder.poll()
+            return
+        # NCCL's recorder queries its CUDA events as it dumps: not during a global-mode capture,
+        # and with this thread's device set
+        with self.cuda.quiet() as free:
+            if free:
+                self.cuda.settle()
+                self._flight_recorder.poll()
+
+    def _drain_all(self, final=False):
+        # bounded: a poller stuck in a CUDA call (a wedged GPU) must not hold the program's exit
+        if self._drain_lock.acquire(timeout=2.0 if final else -1):
+            try:
+                self._drain_gated(final)
+            finally:
+                self._drain_lock.release()
+
+    def _drain_gated(self, final):
+        if self._cuda is None and not _cuda_in_use():
+            self._drain_pending(final)
+            return
+        # CUDA in use: no CUDA call (an event query, a Work's is_completed) while a global-mode graph
+        # capture is under way; the Works wait for the capture's end too (they may be NCCL's).
+        with self.cuda.quiet() as free:
+            if free:
+                self.cuda.settle()   # a Work's is_completed queries an event of its device
+                self._drain_pending(final)
+                self._drain_marks(final)
+            elif final:   # exiting mid-capture: nothing more is asked; let go of it all
+                with self._pending_lock:
+                    self._pending, self._marks = [], []
 
     def _drain_pending(self, final=False):
         if not self._pending:
@@ -576,14 +685,89 @@ class Recorder:
                 self._pending[:0] = keep
             self._draining = []
 
-    def cuda_event(self):
-        if self._event_factory is None:
-            import torch
+    def _drain_marks(self, final):
+        if not self._marks:
+            return
+        with self._pending_lock:
+            marks, self._marks = self._marks, []
+        keep = []
+        poll = self._cuda.poll
+        for item in marks:
+            rec, gid, seq, mark = item
+            started, outcome = poll(mark)
+            if outcome is not False:
+                self._finished(item, outcome)
+                continue
+            if started:
+                self.ring.write(STARTED, 0, gid, 0, 0, 0, 0, seq, 0, _time(), rec)
+            if not final:
+                keep.append(item)
+        if keep:
+            with self._pending_lock:
+                self._marks[:0] = keep
 
-            self._event_factory = torch.cuda.Event
-        ev = self._event_factory()
-        ev.record()
-        return ev
+    def _finished(self, item, outcome) -> None:
+        """A CUDA mark's (or a destroyed group's Work's) end: True (it ran) or a reason (it failed).
+        A failed one is written finished, as _drain_pending writes a failed Work."""
+        rec, gid, seq, _ = item
+        if isinstance(outcome, str):
+            self._failed(rec, gid, seq, "", outcome)   # ended in an error or a timeout: never "completed"
+        else:
+            self.ring.write(COMPLETE, 0, gid, 0, 0, 0, 0, seq, 0, _time(), rec)
+
+    # ---- CUDA collectives --------------------------------------------------------------
+    @property
+    def cuda(self) -> "cudamarks.CudaMarks":
+        """What follows this rank's CUDA collectives (made at the first one)."""
+        if self._cuda is None:
+            self._cuda = cudamarks.CudaMarks()
+        return self._cuda
+
+    def forget_group(self, pg) -> None:
+        """The group is being destroyed: its Works are asked once more, then let go, before the
+        communicator they point into is freed (nccl2's WorkNCCL holds it by a raw pointer). The
+        CUDA events colltrace recorded are its own and stay followed. pg None: every group."""
+        ids = None if pg is None else self.group_ids(pg)
+        if ids is not None and not ids:
+            return
+        # a drain under way puts back what it did not finish first (bounded: a poller stuck in CUDA
+        # must not hold the program's destroy_process_group)
+        if self._drain_lock.acquire(timeout=5.0):
+            try:
+                self._forget(ids)
+            finally:
+                self._drain_lock.release()
+
+    def _forget(self, ids) -> None:
+        mine = (lambda gid: True) if ids is None else ids.__contains__
+        with self._pending_lock:
+            works = [x for x in self._pending if mine(x[1])]
+            held = [x for x in self._marks if mine(x[1]) and x[3].works is not None]
+            self._pending = [x for x in self._pending if not mine(x[1])]
+            self._marks = [x for x in self._marks if not (mine(x[1]) and x[3].works is not None)]
+        keep = []
+        cuda = self._cuda
+        with (cuda.quiet() if cuda is not None else contextlib.nullcontext(True)) as free:
+            if free:
+                self._ask_once(works)
+                for item in held:
+                    outcome = cuda.poll(item[3])[1]
+                    if outcome is not False:
+                        self._finished(item, outcome)
+                    elif item[3].works is None:   # an event of colltrace's own now
+                        keep.append(item)
+        for item in held:
+            if item not in keep:
+                cuda.release(item[3], reuse=False)
+        if keep:
+            with self._pending_lock:
+                self._marks.extend(keep)
+
+    def _ask_once(self, works) -> None:
+        for item in works:
+            done = _waitable_done(item[3])
+            if done:
+                self._finished(item, done)
 
     def close(self):
         self.disable()

@@ -16,10 +16,11 @@ import sys
 import threading
 
 from colltrace import config
-from colltrace.rank import calls, exits, fastpath, hooks
-from colltrace.rank.calls import (BACKEND_OVERRIDES, describe_tensors, given_root, input_digest, param_getter,
-                                  redop_name, to_global)
-from colltrace.tracefile.ringfile import F_ASYNC, F_DIGEST, F_P2P
+from colltrace.rank import calls, cudamarks, exits, fastpath, hooks
+from colltrace.rank.calls import (BACKEND_OVERRIDES, cuda_device, describe_tensors, device_type, given_root,
+                                  input_digest, param_getter, redop_name, to_global)
+from colltrace.rank.cudamarks import CAPTURED
+from colltrace.tracefile.ringfile import F_ASYNC, F_DIGEST, F_P2P, F_START
 
 # name: (backend op, tensor parameter compared across ranks, reducing?, kind)
 # kind: c = collective, p = point-to-point, o = object collective (logical op of several), b = batch p2p
@@ -142,6 +143,47 @@ def _forwarder(name, orig, sig, plan):
     return fwd
 
 
+def _object_device(group, device):
+    """The device an object collective's tensors go to (its `device`, else c10d's choice for the
+    group): a torch.device."""
+    import torch
+
+    try:
+        if device is None:
+            choose = getattr(_c10d, "_get_object_coll_device", None)
+            device = choose(group) if choose is not None else "cpu"
+        return torch.device(device)
+    except Exception:   # a group c10d cannot say this of (a Python-defined backend): its CPU side
+        return torch.device("cpu")
+
+
+def _cuda_index(device, rec) -> int | None:
+    """A torch.device's CUDA index (the current device where it names none), or None off CUDA."""
+    if device is None or device.type != "cuda":
+        return None
+    return device.index if device.index is not None else rec.cuda.rt.current_device()
+
+
+def _barrier_device_type(group, device_ids) -> str:
+    """Where c10d's barrier sends a group of several backends (distributed_c10d.barrier's choice)."""
+    bound = getattr(group, "bound_device_id", None)
+    if isinstance(device_ids, list) and device_ids:
+        return "cuda"
+    if bound is not None:
+        return bound.type
+    return _object_device(group, None).type
+
+
+def _coalesced_device(group) -> int | None:
+    """The CUDA device of the ops a _coalescing_manager block queued (c10d runs them as it exits)."""
+    ops = _c10d._world.pg_coalesce_state.get(group) or ()
+    for op in ops:
+        d = cuda_device(getattr(op, "tensor", None))
+        if d is not None:
+            return d
+    return None
+
+
 def _make_c10d_wrapper(name, orig):
     backend_op, tensor_param, reducing, kind = C10D_OPS[name]
     sig = inspect.signature(orig)
@@ -153,7 +195,10 @@ def _make_c10d_wrapper(name, orig):
     get_root = param_getter(sig, root_name)
     get_group_root = param_getter(sig, "group_" + root_name) if root_name else (lambda a, k: None)
     get_p2p_list = param_getter(sig, "p2p_op_list")
+    get_device = param_getter(sig, "device")          # an object collective's
+    get_device_ids = param_getter(sig, "device_ids")  # a barrier's
     is_batch = kind == "b"
+    is_object = kind == "o"
     # A batch is p2p too: on gloo it moves only its members' counters, like send/recv.
     is_p2p = kind == "p" or is_batch
     op_name = name
@@ -174,8 +219,10 @@ def _make_c10d_wrapper(name, orig):
                 if is_batch:
                     ops = get_p2p_list(args, kwargs)
                     group = ops[0].group if ops else None
+                    tensor = [o.tensor for o in ops]
                 else:
                     group = get_group(args, kwargs)
+                    tensor = get_tensor(args, kwargs)
                 if group is None:
                     group = _c10d._world.default_pg
                     if group is None:
@@ -185,6 +232,10 @@ def _make_c10d_wrapper(name, orig):
                 gs = rec.group_state(group, first_sight)
                 if gs is None:   # a group colltrace cannot describe: its calls pass through untraced
                     return orig(*args, **kwargs)
+                objects_on = _object_device(group, get_device(args, kwargs)) if is_object else None
+                if gs.lanes is not None:   # a group of several backends: the one this op goes to
+                    gs = gs.lane(objects_on.type if is_object else device_type(tensor) if tensor_param or is_batch
+                                 else _barrier_device_type(group, get_device_ids(args, kwargs)))
                 is_async = bool(get_async(args, kwargs)) or kind == "p" and op_name in ("isend", "irecv") or is_batch
                 flags = (F_ASYNC if is_async else 0) | (F_P2P if is_p2p else 0)
                 root = peer = -1
@@ -198,12 +249,11 @@ def _make_c10d_wrapper(name, orig):
                     else:
                         root = r
                 if is_batch:
-                    shapes, dtypes, cuda = describe_tensors([o.tensor for o in ops])
+                    shapes, dtypes, cuda = describe_tensors(tensor)
                     redop = None
                     peer = ops[0].peer if ops else -1
                     pair = (rec.rank, "batch", peer)
                 else:
-                    tensor = get_tensor(args, kwargs)
                     shapes, dtypes, cuda = describe_tensors(tensor)
                     redop = redop_name(get_redop(args, kwargs))
                 digest = 0
@@ -211,6 +261,14 @@ def _make_c10d_wrapper(name, orig):
                     d = input_digest(tensor, rec.digest_bytes)
                     if d is not None:
                         digest, flags = d, flags | F_DIGEST
+                # CUDA work (an object collective's too: its tensors are on the GPU on NCCL): a
+                # start event now, on the stream the call will use; none for a captured call
+                mark = None
+                dev = _cuda_index(objects_on, rec) if is_object else cuda_device(tensor) if cuda else None
+                if dev is not None:
+                    mark = rec.cuda.begin(dev)
+                    if mark is not CAPTURED:
+                        flags |= F_START
                 bop = BACKEND_OVERRIDES.get((gs.backend, backend_op), backend_op)
                 sig_id = rec.sig_id((op_name, bop, gs.id, shapes, dtypes, redop, root, peer, is_async))
                 ctx = rec.enter(gs, sig_id, sys._getframe(skip), flags, pair, peer, digest)
@@ -229,11 +287,17 @@ def _make_c10d_wrapper(name, orig):
                 raise
             local.depth = 0
             try:
-                if is_async:
-                    waitable = result if result is not None else None
-                    rec.exit(ctx, done=waitable is None, waitable=waitable)
-                elif cuda:
-                    rec.exit(ctx, done=False, waitable=rec.cuda_event())
+                if mark is CAPTURED:   # runs at the graph's replays, unseen
+                    rec.exit(ctx, done=True, captured=True)
+                elif is_async:
+                    if result is None:
+                        rec.exit(ctx, done=True)
+                    elif mark is not None:   # the poller turns its Works into an end event
+                        rec.exit(ctx, done=False, waitable=rec.cuda.after_async(mark, result, (gs.id, peer)))
+                    else:
+                        rec.exit(ctx, done=False, waitable=result)
+                elif mark is not None:   # the Work made the stream wait for the collective: an event there
+                    rec.exit(ctx, done=False, waitable=rec.cuda.end(mark))
                 else:
                     rec.exit(ctx, done=True)
             except Exception as exc:
@@ -291,6 +355,7 @@ def _make_coalescing_wrapper(orig):
 
     sig = inspect.signature(orig)
     get_group = param_getter(sig, "group")
+    get_device = param_getter(sig, "device")
     get_async = param_getter(sig, "async_ops")
 
     @functools.wraps(orig)
@@ -301,20 +366,38 @@ def _make_coalescing_wrapper(orig):
             with orig(*args, **kwargs) as cm:
                 yield cm
             return
-        ctx = None
+        ctx = mark = None
+        is_async = False
         try:
             group = get_group(args, kwargs) or _c10d._world.default_pg
             gs = rec.group_state(group, first_sight)
             if gs is not None:
+                device = get_device(args, kwargs)
+                device = None if device is None else _object_device(group, device)
+                if gs.lanes is not None and device is not None:
+                    gs = gs.lane(device.type)
                 is_async = bool(get_async(args, kwargs))
+                flags = F_ASYNC if is_async else 0
+                dev = _cuda_index(device, rec)
+                if dev is not None:   # a device given: the block's ops go to its backend as they are made
+                    mark = rec.cuda.begin(dev)
+                    if mark is not CAPTURED:
+                        flags |= F_START
                 sig_id = rec.sig_id(("_coalescing_manager", "coalesced", gs.id, (), (), None, -1, -1, is_async))
-                ctx = rec.enter(gs, sig_id, sys._getframe(2), F_ASYNC if is_async else 0)
+                ctx = rec.enter(gs, sig_id, sys._getframe(2), flags)
         except Exception as exc:
             rec.internal_error(exc)
         rec.local.depth = 1 if ctx is not None else 0
         try:
             with orig(*args, **kwargs) as cm:
                 yield cm
+                if ctx is not None and mark is None:
+                    # the block's ops, queued for c10d to issue as one as the manager exits: their device
+                    try:
+                        dev = _coalesced_device(group)
+                        mark = rec.cuda.begin(dev, start=False) if dev is not None else None
+                    except Exception as exc:
+                        rec.internal_error(exc)
         except BaseException as exc:
             rec.local.depth = 0
             if ctx is not None:
@@ -324,7 +407,15 @@ def _make_coalescing_wrapper(orig):
         if ctx is not None:
             try:
                 works = list(getattr(cm, "works", ()) or ())
-                rec.exit(ctx, done=not works, waitable=works or None)
+                if mark is CAPTURED:
+                    rec.exit(ctx, done=True, captured=True)
+                elif mark is not None and (works or not is_async):
+                    # CUDA work: the async block's Works become an end event; a blocking block's
+                    # Work made the stream wait (c10d's work.wait()), or the backend synced itself
+                    waitable = rec.cuda.after_async(mark, works, (gs.id, None)) if works else rec.cuda.end(mark)
+                    rec.exit(ctx, done=False, waitable=waitable)
+                else:
+                    rec.exit(ctx, done=not works, waitable=works or None)
             except Exception as exc:
                 rec.internal_error(exc)
 
@@ -352,7 +443,10 @@ def _make_funcol_wrapper(name, orig, resolve_group):
             gs = rec.group_state(pg, first_sight)
             if gs is None:
                 return orig(*args, **kwargs)
-            shapes, dtypes, _ = describe_tensors(get_tensor(args, kwargs))
+            tensor = get_tensor(args, kwargs)
+            if gs.lanes is not None:
+                gs = gs.lane(device_type(tensor))
+            shapes, dtypes, _ = describe_tensors(tensor)
             redop = get_redop(args, kwargs)
             src = get_src(args, kwargs)
             root = to_global(gs, src) if src is not None else -1
@@ -463,6 +557,7 @@ def _ensure_recorder():
                 pass
             recorder = rec
             _state["recorder"] = rec
+            cudamarks.watch_captures()   # again: a torch that imports torch.cuda after torch.distributed
             if settings.batches:
                 from colltrace.rank import batches
 
@@ -502,6 +597,26 @@ def _make_group_hook(orig):
         except Exception:
             pass  # torch fills in the group's ranks after registering it: described at first use
         return result
+
+    wrapper.__colltrace_original__ = orig
+    return wrapper
+
+
+def _make_destroy_hook(orig):
+    """destroy_process_group: the group's Works are let go before its communicator is freed."""
+    @functools.wraps(orig)
+    def wrapper(*args, **kwargs):
+        rec = recorder
+        if rec is not None and not rec.disabled:
+            try:
+                group = args[0] if args else kwargs.get("group")
+                world = _c10d.GroupMember.WORLD
+                if group is world or group is _c10d._world.default_pg:
+                    group = None   # the default group: every group goes
+                rec.forget_group(group)
+            except Exception as exc:
+                rec.internal_error(exc)
+        return orig(*args, **kwargs)
 
     wrapper.__colltrace_original__ = orig
     return wrapper
@@ -581,6 +696,7 @@ def install() -> bool:
         patch("_coalescing_manager", _make_coalescing_wrapper)
         patch("init_process_group", _make_init_hook)
         patch("_register_pg_in_world", _make_group_hook)
+        patch("destroy_process_group", _make_destroy_hook)
         patch("_check_op", _check_op_accepting_originals)
         work = getattr(c10d, "Work", None)
         wait = getattr(work, "wait", None)
@@ -595,6 +711,7 @@ def install() -> bool:
         _sweep(replacements)
         _state["replacements"] = replacements
         _state["installed"] = True
+        cudamarks.watch_captures()   # CUDA graph captures: the poller makes no CUDA call during one
         if settings.batches:   # what each rank feeds its DDP/FSDP model (duplicate_data)
             from colltrace.rank import batches
 
@@ -672,6 +789,7 @@ def uninstall() -> None:
                 setattr(_c10d, name, orig)
         _sweep(reverse)
         hooks.detach_all()
+        cudamarks.unwatch_captures()
         from colltrace.rank import batches
 
         batches.uninstall()

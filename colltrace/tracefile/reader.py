@@ -14,8 +14,8 @@ import re
 from colltrace import origins
 from colltrace.words import group_desc
 from colltrace.tracefile import asks, batchlog, endings, native, ringfile, samples
-from colltrace.tracefile.ringfile import (COMPLETE, ENTER, F_ASYNC, F_DIGEST, F_DONE, F_P2P, F_UNOBSERVED, FAIL,
-                                          RETURN, UNTRACED, WAIT, WAITED)
+from colltrace.tracefile.ringfile import (COMPLETE, ENTER, F_ASYNC, F_CAPTURED, F_DIGEST, F_DONE, F_P2P, F_START,
+                                          F_UNOBSERVED, FAIL, RETURN, STARTED, UNTRACED, WAIT, WAITED)
 from colltrace.errors import InputError
 from colltrace.model import build, schema
 from colltrace.model.schema import COMPLETED, EXIT_CALLS, IN_FLIGHT
@@ -278,7 +278,7 @@ class RankTrace:
                 "op": sig.get("op", "unknown"), "backend_op": sig.get("backend_op", "unknown"),
                 "p2p": p2p, "peer": peer if peer is not None and peer >= 0 else None,
                 "state": IN_FLIGHT if is_async else "waiting", "async": is_async,
-                "entered_at": t, "returned_at": None, "completed_at": None,
+                "entered_at": t, "returned_at": None, "completed_at": None, "started_at": None,
                 "shapes": [list(x) for x in sig.get("shapes", [])], "dtypes": list(sig.get("dtypes", [])),
                 "reduce_op": sig.get("reduce_op"), "root": root if root is not None and root >= 0 else None,
                 "count": 1, "thread": self.threads.get(tid, ""), "frames": self.frames(stack_id),
@@ -286,6 +286,8 @@ class RankTrace:
             if flags & F_DIGEST:
                 r["digest"] = f"{a32:08x}"
                 self.digests = True
+            if flags & F_START:   # a CUDA start event: started_at stays None until the GPU reaches the call
+                r["start_event"] = True
             self._add(r)
             self.open[rec_id] = r
             if not p2p:
@@ -294,7 +296,8 @@ class RankTrace:
             group = self._group_name(gid)
             r = {"id": -(self._untraced + 1), "rank": self.rank, "group": group, "seq": seq, "seq_end": seq + aux - 1,
                  "op": "untraced", "backend_op": "untraced", "p2p": False, "peer": None, "state": COMPLETED,
-                 "async": False, "entered_at": t, "returned_at": t, "completed_at": t, "shapes": [], "dtypes": [],
+                 "async": False, "entered_at": t, "returned_at": t, "completed_at": t, "started_at": None,
+                 "shapes": [], "dtypes": [],
                  "reduce_op": None, "root": None, "count": aux, "thread": "", "frames": []}
             self._untraced += 1
             self._add(r)
@@ -309,12 +312,23 @@ class RankTrace:
                 if not r["p2p"]:
                     r["seq_end"] = max(aux, r["seq"])
                     self._bump(r["group"], "entered", r["seq_end"])
-                if flags & F_DONE:
+                if flags & F_CAPTURED:
+                    # captured into a CUDA graph: nothing ran; it runs at replays, unseen. Not a
+                    # completion of the group's earlier work either.
+                    r["captured"] = True
+                    r["state"], r["completed_at"] = "completed", t
+                    self.open.pop(rec_id, None)
+                    if not r["p2p"]:
+                        self._ended(r)
+                elif flags & F_DONE:
                     self._complete(r, t)
                 elif r["state"] != "failed":
                     r["state"] = "in_flight"
                     if flags & F_UNOBSERVED:
                         r["unobserved"] = True
+            elif kind == STARTED:
+                if r["started_at"] is None:
+                    r["started_at"] = t
             elif kind == COMPLETE:
                 if r["state"] != "failed":
                     self._complete(r, t)
@@ -361,6 +375,8 @@ class RankTrace:
     def _complete(self, r: dict, t: float) -> None:
         r["state"] = "completed"
         r["completed_at"] = t
+        if r.get("start_event") and r["started_at"] is None:
+            r["started_at"] = t   # finished before the poller saw it start: it started by then
         self.open.pop(r["id"], None)
         if r["p2p"]:
             return
@@ -375,6 +391,8 @@ class RankTrace:
                     and other["seq"] < r["seq"] and other["state"] == IN_FLIGHT):
                 other["state"] = "completed"
                 other["completed_at"] = other["completed_at"] or t
+                if other.get("start_event") and other["started_at"] is None:
+                    other["started_at"] = other["completed_at"]
                 self.open.pop(other["id"], None)
 
     # -- views ----------------------------------------------------------------------------

@@ -31,17 +31,20 @@ STOPPED = struct.Struct("<I")                # the header's pad: 1 once tracing 
 STOPPED_OFFSET = 20
 
 # slot kinds
-ENTER, RETURN, COMPLETE, UNTRACED, FAIL = 1, 2, 3, 4, 5
+ENTER, RETURN, COMPLETE, UNTRACED, FAIL, STARTED = 1, 2, 3, 4, 5, 6
 # WAIT: a thread parks waiting for record `rec` (Work.wait(), funcol's wait_tensor): its stack is
-# where it waits; WAITED: that wait returned (or raised). Kinds 6-7 are left for other events.
+# where it waits; WAITED: that wait returned (or raised). Kind 7 is left for other events.
 WAIT, WAITED = 8, 9
 # flags
-F_ASYNC, F_P2P, F_DONE, F_DIGEST = 1, 2, 4, 8
-F_UNOBSERVED = 64
+F_ASYNC, F_P2P, F_DONE, F_DIGEST, F_START, F_CAPTURED, F_UNOBSERVED = 1, 2, 4, 8, 16, 32, 64
 # F_DONE on RETURN: the call's return means the work finished. F_DIGEST on ENTER: aux32 holds a
-# CRC-32 of the input tensor's bytes (COLLTRACE_DIGEST). F_UNOBSERVED on RETURN: nothing tells
-# when this work completes (a functional collective: no Work to poll); completed when waited on,
-# or when a later op on its group completes.
+# CRC-32 of the input tensor's bytes (COLLTRACE_DIGEST). F_START on ENTER: a CUDA event was
+# recorded on the collective's stream before the call; a STARTED slot (its record's rec, group
+# and seq) comes when the poller sees it reached: the GPU finished what was queued ahead of the
+# collective. F_CAPTURED on RETURN (with F_DONE): the call was captured into a CUDA graph; it runs
+# at the graph's replays, which no record follows. F_UNOBSERVED on RETURN: nothing tells when this
+# work completes (a functional collective: no Work to poll); completed when waited on, or when a
+# later op on its group completes.
 
 assert SLOT_SIZE == 64
 

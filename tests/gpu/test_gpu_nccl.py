@@ -10,7 +10,7 @@
   the group object (`pg.allreduce`), which no wrapper sees, recorded on torch >= 2.14;
 - a world of 1 and two ranks sharing the GPU (conftest.py: NCCL_HOSTID per rank);
 - a kernel that never finishes ahead of an all-reduce: every rank entered it, none completes, a
-  `stall` of stage `completion` within seconds;
+  `stall` within seconds, and the all-reduce's start event never fired (the GPU never reached it);
 - NCCL's Flight Recorder read back: the rank's answer to its watchdog's request names the traced
   collectives with their numbers, and `colltrace analyze` reads torch's own dump of it.
 
@@ -27,6 +27,7 @@ import time
 
 import pytest
 
+from colltrace.tracefile import reader
 from helpers.gpu import BACKENDS, SCRIPT, cuda
 from helpers.jobs import findings, markers, records
 
@@ -78,7 +79,7 @@ def test_cuda_collectives_are_traced_the_same_on_both_routes_and_change_nothing(
 
 @pytest.mark.parametrize("world", [1, 2])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_kernel_that_never_finishes_is_a_completion_stall(nccl_job, backend, world):
+def test_a_kernel_that_never_finishes_ahead_of_a_collective_is_a_stall_it_never_started(nccl_job, backend, world):
     job = nccl_job(backend, "hang", world, env={"COLLTRACE_STALL_S": "2"})
     deadline = time.time() + 90
     found = []
@@ -88,11 +89,16 @@ def test_a_kernel_that_never_finishes_is_a_completion_stall(nccl_job, backend, w
         time.sleep(0.2)
     assert found, f"no stall finding in 90 s: {findings(job.dir)}"
     f = found[0]
-    assert f["stage"] == "completion" and f["missing_ranks"] == [] and f["waiting"] == list(range(world))
+    assert f["missing_ranks"] == [] and f["waiting"] == list(range(world))
     line = markers(SCRIPT)["hung"]
     for r in range(world):
         assert f["ranks"][str(r)]["op"] == "all_reduce"
         assert any(fr["line"] == line and fr["file"].endswith("nccl_job.py") for fr in f["ranks"][str(r)]["frames"])
+        # its start event, recorded on the stream behind the kernel, never fired: the GPU has not reached
+        # the all_reduce (work queued ahead of it), which the analysis tells from a collective that hangs
+        (tr,) = [t for t in reader.load_traces(job.dir) if t.rank == r]
+        (hung,) = [x for x in tr.all_records() if x["op"] == "all_reduce" and x["state"] != "completed"]
+        assert hung["start_event"] is True and hung["started_at"] is None, hung
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -117,8 +123,13 @@ def test_the_flight_recorder_of_nccl_is_read_back(nccl_job, backend, tmp_path):
     (barrier,) = [x for x in recs if x["op"] == "barrier"]
     assert entry[barrier["seq"] - 1]["op"] == "all_reduce"   # pg.allreduce: the recorder names it, hooks or not
 
-    # torch's own dump (what NCCL writes on a timeout), read by the analyzer: a healthy job
+    # torch's own dump (what NCCL writes on a timeout), read by the analyzer: the job's collectives
+    # (NCCL's recorder: gloo's holds none of them), and a healthy job
+    from colltrace.tracefile import postmortem
+
     dump_dir = os.path.join(str(tmp_path), f"fr-{backend}-fr-1")
+    dumped = [r for r in postmortem.load(dump_dir)["ranks"]["0"]["records"] if r["group"] == "0" and not r["p2p"]]
+    assert max(r["seq"] for r in dumped) == max(x["seq_end"] or x["seq"] for x in recs), dumped
     run = subprocess.run([sys.executable, "-m", "colltrace", "analyze", dump_dir, "--json"],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr

@@ -47,6 +47,21 @@ def test_mesh_and_subgroup_collectives_land_on_their_group(groups_job):
         assert got[lines["subgroup"]]["group"] == truth["sub"] and got[lines["subgroup"]]["op"] == "barrier"
 
 
+def test_a_group_of_two_backends_numbers_each_backends_ops_by_its_own_counter(groups_job):
+    lines = markers("groups_and_fsdp.py")
+    for tr in reader.load_traces(groups_job.dir):
+        truth = reported(groups_job, tr.rank)
+        name = truth["names"]["mixed"]
+        assert {g["name"]: g["backend"] for g in tr.groups.values() if g["name"] in (name, name + ":cpu")} == \
+            {name: "sidegloo", name + ":cpu": "gloo"}   # CUDA ops keep the group's name; CPU ops are its "cpu" lane
+        got = {user_line(r, "groups_and_fsdp.py"): r for r in tr.all_records() if r["group"].startswith(name)}
+        seqs = [(got[lines[k]]["group"], got[lines[k]]["seq"], got[lines[k]]["seq_end"])
+                for k in ("mixed_reduce", "mixed_objects", "mixed_barrier")]
+        assert seqs == [(name + ":cpu", 1, 1), (name + ":cpu", 2, 3), (name + ":cpu", 4, 4)], seqs
+        assert truth["mixed"] == {"cpu": 4, "cuda": 0}    # in step with gloo's own counter
+        assert not [r for r in tr.all_records() if r["group"].startswith(name) and r["op"] == "untraced"]
+
+
 def test_fsdp2_collectives_are_recorded_from_the_training_step(groups_job):
     lines = markers("groups_and_fsdp.py")
     recs = reader.load_traces(groups_job.dir)[0].all_records()

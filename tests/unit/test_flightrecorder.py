@@ -49,3 +49,45 @@ def test_only_what_the_trace_did_not_see_is_kept():
     got = asks.untraced_since(data, {"0": {"entered": 5, "completed": 5}})
     assert [(u["group"], u["seq"]) for u in got] == [("1", 1), ("0", 6)]
     assert asks.untraced_since(None, {}) == []
+
+
+def _entry(group, seq, op, t):
+    return {"process_group": [group, ""], "collective_seq_id": seq, "is_p2p": False, "profiling_name": f"x:{op}",
+            "input_sizes": [[4]], "input_dtypes": ["Float"], "state": "scheduled", "time_created_ns": t * 10**9}
+
+
+class C10d:
+    """torch._C._distributed_c10d's dumps: NCCL's recorder, gloo's, and a hooked backend's by name."""
+
+    def __init__(self, named=True, nccl_fails=False):
+        self.named, self.nccl_fails = named, nccl_fails
+
+    def _dump_nccl_trace_json(self, includeCollectives=True, onlyActive=False):
+        if self.nccl_fails:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return json.dumps({"entries": [_entry("0", 7, "allreduce", 3)]}).encode()
+
+    def _dump_fr_trace_json(self, includeCollectives=True, onlyActive=False, **backend):
+        if backend and not self.named:
+            raise TypeError("_dump_fr_trace_json(): incompatible function arguments")   # pybind's, for an older torch
+        if backend == {"backend": "nccl2"}:
+            return json.dumps({"entries": [_entry("5", 2, "broadcast", 4)]}).encode()
+        return json.dumps({"entries": [_entry("0", 9, "allgather", 1)]}).encode()
+
+
+def test_every_backends_recorder_is_read_and_a_mixed_groups_lanes_named_apart(tmp_path, monkeypatch):
+    # NCCL records into FlightRecorder<CUDAEvent> (_dump_nccl_trace_json), gloo into the default
+    # one, nccl2 into its own by name: read alone, gloo's says nothing of an NCCL job
+    got = flightrecorder._newest(flightrecorder._dump(C10d()), {("0", "gloo"): "0:cpu"})
+    assert sorted((e["group"], e["seq"], e["op"]) for e in got) == [("0", 7, "allreduce"), ("0:cpu", 9, "allgather"),
+                                                                    ("5", 2, "broadcast")]
+    # a torch without named recorders, and one recorder failing, leave the others read
+    got = flightrecorder._dump(C10d(named=False, nccl_fails=True))
+    assert [(e["_source"], e["collective_seq_id"]) for e in got] == [("gloo", 9)]
+
+    real = flightrecorder._dump
+    monkeypatch.setattr(flightrecorder, "_dump", lambda: real(C10d()))
+    asks.request_fr(str(tmp_path), 1)
+    flightrecorder.Responder(str(tmp_path), 1, lambda: {("0", "gloo"): "0:cpu"}).poll()
+    data = json.loads(open(asks.fr_dump_path(str(tmp_path), 1)).read())
+    assert data["error"] is None and {e["group"] for e in data["entries"]} == {"0", "0:cpu", "5"}

@@ -1,5 +1,5 @@
-"""Completion tracking off the hot path, with fakes standing in for CUDA events and async work
-(no GPU on the CI machines; the NCCL path needs one to be shown for real)."""
+"""Completion tracking off the hot path, with a fake standing in for async work (CUDA events:
+test_cudamarks.py)."""
 from __future__ import annotations
 
 import time
@@ -8,22 +8,6 @@ from colltrace import config
 from colltrace.tracefile import reader
 from colltrace.rank.recorder import Recorder
 from helpers.waiting import wait_until
-
-
-class FakeEvent:
-    """torch.cuda.Event's interface as the recorder uses it: record() after the call, query() later."""
-    instances = []
-
-    def __init__(self):
-        self.ready = False
-        self.recorded = False
-        FakeEvent.instances.append(self)
-
-    def record(self):
-        self.recorded = True
-
-    def query(self):
-        return self.ready
 
 
 class FakeWork:
@@ -49,28 +33,7 @@ def state_of(directory, rec_id):
 
 def make(tmp_path):
     settings = config.load({"COLLTRACE": "1", "COLLTRACE_DIR": str(tmp_path), "COLLTRACE_POLL_S": "0.02"})
-    return Recorder(settings, rank=0, world_size=2, backend="nccl", event_factory=FakeEvent)
-
-
-def test_gpu_collective_completes_when_its_event_is_reached(tmp_path):
-    rec = make(tmp_path)
-    gs = rec.group_state(FakeGroup(), describe)
-    import sys
-
-    sig = rec.sig_id(("all_reduce", "allreduce", gs.id, ((4,),), ("float32",), "SUM", -1, -1, False))
-    ctx = rec.enter(gs, sig, sys._getframe(0), 0)
-    event = rec.cuda_event()
-    rec.exit(ctx, done=False, waitable=event)
-    rec_id = ctx[0]
-    assert event.recorded
-    time.sleep(0.1)
-    r = state_of(str(tmp_path), rec_id)
-    assert r["state"] == "in_flight" and r["returned_at"] and r["completed_at"] is None  # host returned, GPU not done
-    event.ready = True
-    assert wait_until(lambda: state_of(str(tmp_path), rec_id)["state"] == "completed")
-    r = state_of(str(tmp_path), rec_id)
-    assert r["completed_at"] >= r["returned_at"]
-    rec.close()
+    return Recorder(settings, rank=0, world_size=2, backend="nccl")
 
 
 def test_async_work_completes_when_the_work_does(tmp_path):

@@ -6,7 +6,7 @@
                                ahead of the next all-reduce on the same stream: every rank enters it,
                                it never completes, the ranks block in a synchronize
     nccl_job.py BACKEND fr     `ops`, then the rank answers a Flight Recorder request the way it
-                               answers its watchdog's, and writes torch's own dump to $FR_OUT
+                               answers its watchdog's, and writes NCCL's own dump to $FR_OUT
 
 All ranks may share one GPU (LOCAL_RANK modulo the devices there are).
 """
@@ -63,7 +63,8 @@ if mode == "fr":
         time.sleep(0.05)
     print("FR_ANSWERED", asks.fr_answered(directory, rank), flush=True)
     c = torch._C._distributed_c10d
-    data = c._dump_fr_trace(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+    # NCCL's own recorder (what NCCL writes on a timeout): gloo's (_dump_fr_trace) holds nothing of NCCL's ops
+    data = c._dump_nccl_trace(includeCollectives=True, includeStackTraces=False, onlyActive=False)
     os.makedirs(os.environ["FR_OUT"], exist_ok=True)
     with open(os.path.join(os.environ["FR_OUT"], f"nccl_trace_rank_{rank}"), "wb") as f:
         f.write(data)

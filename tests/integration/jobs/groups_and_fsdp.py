@@ -16,6 +16,20 @@ sub, _ = dist.new_subgroups(group_size=2)
 dist.barrier(group=sub)  # op: subgroup
 # split_group needs a device bound to the default group (NCCL): not available on CPU/gloo.
 
+
+# A group of two backends, as init_process_group() makes on a GPU machine ("cpu:gloo,cuda:nccl"),
+# with a second gloo registered for CUDA tensors in NCCL's place: each backend counts its own ops.
+def _side_gloo(store, group_rank, group_size, timeout):
+    return dist.ProcessGroupGloo(dist.PrefixStore("side", store), group_rank, group_size, timeout=timeout)
+
+
+dist.Backend.register_backend("sidegloo", _side_gloo, devices=["cuda"])
+mixed = dist.new_group(backend="cpu:gloo,cuda:sidegloo")
+dist.all_reduce(torch.ones(1), group=mixed)  # op: mixed_reduce
+dist.all_gather_object([None] * dist.get_world_size(), rank, group=mixed)  # op: mixed_objects
+dist.barrier(group=mixed)  # op: mixed_barrier
+mixed_seq = {t: mixed._get_backend(torch.device(t))._get_sequence_number_for_group() for t in ("cpu", "cuda")}
+
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
 for layer in model:
@@ -42,5 +56,6 @@ groups = {name: {"ranks": dist.get_process_group_ranks(pg), "seq": pg._get_seque
                            ("world", dist.group.WORLD))}
 names = {k: str(pg.group_name) for k, pg in (("dp", mesh.get_group("dp")), ("tp", mesh.get_group("tp")),
                                               ("sub", sub), ("world", dist.group.WORLD))}
-print("COUNTS " + json.dumps({"rank": rank, "groups": groups, "names": names, "compiled": y.tolist()}))
+names["mixed"] = str(mixed.group_name)
+print("COUNTS " + json.dumps({"rank": rank, "groups": groups, "names": names, "compiled": y.tolist(), "mixed": mixed_seq}))
 dist.destroy_process_group()
