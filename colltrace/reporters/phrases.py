@@ -7,7 +7,7 @@ import time
 
 from colltrace.model.finding import Finding, Mismatch, Stall
 from colltrace.model.schema import EXIT_CALLS, EXITED, INTERRUPTED, NATIVE_EXIT, RAISED, RETURNED
-from colltrace.words import group_label, rank_word, short_ranks, sorted_ranks
+from colltrace.words import group_label, rank_word, sorted_ranks
 
 
 PENDING_STATES = ("waiting", "in_flight")
@@ -146,13 +146,12 @@ def backend_ended(f: Finding, ranks: list[int]) -> str:
 
 
 def _exit_short(e: dict) -> str:
-    ex = e.get("exit") if isinstance(e.get("exit"), dict) else {}
+    ex: dict = e["exit"] if isinstance(e.get("exit"), dict) else {}
     if e.get("status") == EXITED and ex.get("code") is not None:
         return f"exited with code {ex['code']}"
     if ex.get("signal"):
         return f"died of {ex['signal']}"
     return "ended"
-
 
 
 def not_taken_note(deadline_s: float) -> str:

@@ -43,7 +43,7 @@ def test_run_ahead_across_groups_names_the_stuck_all_reduce_once(gloo_job):
     # the stuck call's line is named once, the calls queued behind it as such, never as the hang
     clauses = f["summary"].split(" Look first")[0]
     assert clauses.count(loc("stuck", SCRIPT)) == 1 and "queued behind it" in clauses
-    assert f"wait in all_reduce #2" in f["summary"] and "#4 on group 0" not in f["summary"]
+    assert "wait in all_reduce #2" in f["summary"] and "#4 on group 0" not in f["summary"]
     assert f["detected_at"] - parked_since(f) < 2.0   # certain at once, not after COLLTRACE_STALL_S (30 s)
 
 
