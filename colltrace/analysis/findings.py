@@ -456,9 +456,14 @@ class Verdicts:
         ranks = self.ev.rank_sorted_entries(pairs)
         waiting = sorted({w.rank for w in k.waiters})
         completed = None
+        not_started = None
         if stage == "completion":
             completed = sorted(set(self.snap.members(k.group)) - own)
-            look = {"ranks": waiting, "rank": waiting[0], "reason": "backend"}
+            # CUDA: a start event recorded before the call that has not fired: the GPU is still on
+            # work queued ahead of the collective, which is then not what hangs
+            not_started = sorted({w.rank for w in k.waiters if w.raw.get("start_event") and w.raw.get("started_at") is None}) or None
+            look = {"ranks": not_started or waiting, "rank": (not_started or waiting)[0],
+                    "reason": "gpu_queue" if not_started else "backend"}
         else:
             # The waiters' own history first: a rank that left its established pattern to enter
             # this collective (a barrier in a rank-conditional branch) is the odd one, not the
@@ -473,7 +478,7 @@ class Verdicts:
         f = self.ev.base(Stall, key, k.group, k.seq, k.missing, ranks, stage=stage, waited_s=round(g.age(k), 3),
                          waiting=waiting, unknown_ranks=sorted(k.unknown) if k.unknown else None,
                          untraced_before=self.ev.untraced_before(k.group, k.seq, waiting[:1]) or None,
-                         completed_ranks=completed, look_first=look)
+                         completed_ranks=completed, not_started=not_started, look_first=look)
         return f, [k.node], own
 
     def _absent_routine(self, targets, k: Key) -> bool:

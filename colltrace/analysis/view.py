@@ -244,12 +244,9 @@ class RankView:
         # The backend ended its last wait (a timeout; NCCL's watchdog abort): the rank's ending is
         # the hang's consequence, and what it waited in is where the hang is.
         self.ended_by: str | None = None
-        ended = self._ended_waits(self.failed)
-        if ended:
-            gone = {id(r.raw) for r in ended}
-            self.failed = [r for r in self.failed if id(r) not in gone]
-        live = [Rec(rank, r) for r in chosen if r["state"] != FAILED]
-        self.pending = self._current_pending(live, ended)
+        self._live = [r for r in chosen if r["state"] != FAILED]
+        self.pending = []
+        self.end_waits([r for r in self.failed if timed_out(r.get("error"))])
         if not self.ended_by and self.fatal_abort(self.pending):
             self.ended_by = "abort"
             for r in self.pending:
@@ -291,16 +288,15 @@ class RankView:
         self.cause = self.dead and not self.teardown       # worth a dead_rank finding when waited for
         self.alone = (self.fatal and not self.teardown) or (killed and not teardown)  # worth one even if nobody waits
 
-    def _ended_waits(self, failed: list[dict]) -> list[Rec]:
-        """The calls the backend ended by its timeout (gloo's "Timed out waiting", NCCL's
-        watchdog) after the rank's last entry: what the rank was still waiting in when the
-        backend gave up. They stand as waits (the post-mortem judges the hang they were), not
-        as failures of their own; an error of another kind (a peer gone) stays a failure."""
-        out = [r for r in failed if timed_out(r.get("error"))]
-        if not out:
-            return []
-        last = max((_time_or_none(r.get("entered_at")) or 0.0 for r in self.records), default=0.0)
-        out = [r for r in out if (_time_or_none(r.get("failed_at")) or _time_or_none(r.get("returned_at")) or 0.0) >= last]
+    def end_waits(self, failed: list[dict]) -> None:
+        """Of these failed calls, the ones that failed after the rank's last entry become what
+        the rank was still waiting in when the backend gave up (its timeout: gloo's "Timed out
+        waiting", NCCL's watchdog; or a peer the timeout ended first): they stand as waits, which
+        the post-mortem judges as the hang they were, not as failures of their own. Sets pending."""
+        out = []
+        if failed:
+            last = self.last_entered
+            out = [r for r in failed if self.failed_at(r) >= last]
         recs = []
         for raw in out:
             rec = Rec(self.rank, raw)
@@ -309,7 +305,22 @@ class RankView:
             recs.append(rec)
         if recs:
             self.ended_by = "timeout"
-        return recs
+            gone = {id(r) for r in out}
+            self.failed = [r for r in self.failed if id(r) not in gone]
+        self.pending = self._current_pending([Rec(self.rank, r) for r in self._live], recs)
+
+    @property
+    def last_entered(self) -> float:
+        return max((_time_or_none(r.get("entered_at")) or 0.0 for r in self.records), default=0.0)
+
+    @staticmethod
+    def failed_at(r: dict) -> float:
+        return _time_or_none(r.get("failed_at")) or _time_or_none(r.get("returned_at")) or 0.0
+
+    def waits_ended_at(self) -> float | None:
+        """When the backend ended this rank's wait (its first failure or its death), if it did."""
+        times = [self.ended_at(r) for r in self.pending if r.ended]
+        return min(times) if times else None
 
     def fatal_abort(self, pending: list[Rec]) -> bool:
         """Died of SIGABRT in a wait as long as its group's timeout: NCCL's watchdog ending the
@@ -500,6 +511,7 @@ def _queue(pend: list[Rec]) -> list[Rec]:
 # timeout", "NCCL communicator was aborted"). A peer gone ("Connection closed by peer") is not one.
 _TIMED_OUT = re.compile(r"timed? ?out|timeout|watchdog|communicator was aborted|aborted by", re.IGNORECASE)
 ABORT_SLACK_S = 1.0   # NCCL's watchdog polls: it aborts a little after the timeout, never before
+CHAIN_SLACK_S = 1.0   # a peer's failure this long before a timed-out rank's (clocks, polls) is still its consequence
 
 
 def timed_out(error) -> bool:
@@ -520,6 +532,7 @@ class Snapshot:
         snap = snap if isinstance(snap, dict) else {}
         raw_groups = snap.get("groups")
         raw_groups = raw_groups if isinstance(raw_groups, dict) else {}
+        self._raw_groups = raw_groups
         timeouts = {str(name): float(g["timeout_s"]) for name, g in raw_groups.items()
                     if isinstance(g, dict) and isinstance(g.get("timeout_s"), (int, float))
                     and not isinstance(g.get("timeout_s"), bool)}
@@ -543,6 +556,7 @@ class Snapshot:
                 self.unreadable[rank] = f"malformed entry ({type(exc).__name__}: {exc})"
         self.ranks = dict(sorted(self.ranks.items()))
         self.unreadable = dict(sorted(self.unreadable.items()))
+        self._chain_endings()
         self._classify_deaths()
         self.groups: dict[str, dict] = {}
         for name, g in raw_groups.items():
@@ -553,6 +567,36 @@ class Snapshot:
             except Exception:
                 continue  # members then inferred from the ranks that mention it
         self._arrivals: dict[str, tuple] = {}
+
+    def _chain_endings(self) -> None:
+        """gloo: the first rank to time out leaves, and its peers' calls then fail with "Connection
+        closed by peer": consequences of the same timeout, not failures of their own. A rank whose
+        calls failed after its last entry, once a member of their group had its wait ended by the
+        backend, had its wait ended too."""
+        ended = {r: t for r, v in self.ranks.items() if v.ended_by and (t := v.waits_ended_at()) is not None}
+        if not ended:
+            return
+        for rank, v in self.ranks.items():
+            if v.ended_by or not v.failed:
+                continue
+            chained = []
+            for raw in v.failed:
+                peers = [raw["peer"]] if raw.get("p2p") and raw.get("peer") is not None else self.members_of(raw["group"])
+                t = v.failed_at(raw)
+                if any(p != rank and p in ended and ended[p] <= t + CHAIN_SLACK_S for p in peers):
+                    chained.append(raw)
+            if chained:
+                v.end_waits(chained)
+                v.classify(teardown=False)
+
+    def members_of(self, name: str) -> list[int]:
+        """A group's members as the snapshot's table gives them (before the groups are checked)."""
+        g = self._raw_groups.get(name)
+        ranks = g.get("ranks") if isinstance(g, dict) else None
+        try:
+            return [to_int(r) for r in ranks] if isinstance(ranks, list) else list(self.ranks)
+        except (TypeError, ValueError):
+            return list(self.ranks)
 
     def _classify_deaths(self) -> None:
         """A rank killed from outside while another rank ended (up to TEARDOWN_S before it, or

@@ -130,6 +130,7 @@ class Stall(Finding):
     unknown_ranks: list[int] | None = None
     untraced_before: list[dict] | None = None
     completed_ranks: list[int] | None = None
+    not_started: list[int] | None = None   # completion: ranks whose GPU has not reached it (work queued ahead)
     # a p2p stall: the waiting side, its peer, the op, the peer's count of matching ops
     p2p: bool = False
     rank: int | None = None
@@ -137,12 +138,12 @@ class Stall(Finding):
     op: str | None = None
     posted: int | None = None
 
-    OPTIONAL = Finding.OPTIONAL | {"unknown_ranks", "untraced_before", "completed_ranks", "p2p"}
+    OPTIONAL = Finding.OPTIONAL | {"unknown_ranks", "untraced_before", "completed_ranks", "not_started", "p2p"}
 
     def own_keys(self) -> tuple[str, ...]:
         if self.p2p:
             return ("stage", "p2p", "rank", "peer", "op", "posted", "waited_s")
-        return ("stage", "waited_s", "waiting", "unknown_ranks", "untraced_before", "completed_ranks")
+        return ("stage", "waited_s", "waiting", "unknown_ranks", "untraced_before", "completed_ranks", "not_started")
 
 
 @dataclass(kw_only=True)

@@ -142,6 +142,11 @@ def _advice_stall(f: Stall, look: dict) -> str:
         return (f"Look first at the backend on {rank_word(waiting)} ({op} #{seq} on group {g} at "
                 f"{locations_text(f, waiting)}): every member entered it but it never completes; check the NCCL/gloo "
                 f"logs, GPU health and the network.")
+    if why == "gpu_queue":
+        late = look.get("ranks") or waiting
+        return (f"Look first at what {rank_word(late)} queued on {verb_for(late, 'its', 'their')} GPU before {op} #{seq} "
+                f"on group {g} at {locations_text(f, late)}: a kernel that does not finish (or runs long) holds the "
+                f"stream, and the collective behind it never starts.")
     goal = f"{op} #{seq} on group {g}"
     if why in ("left", "new"):
         rs, vs = look.get("ranks") or waiting, look.get("versus") or []

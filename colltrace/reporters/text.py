@@ -182,6 +182,12 @@ def _stall(f: Stall) -> str:
         done = f.completed_ranks or []
         text = (f"Stall: every member of {group_phrase(f, g)} entered {sample.get('op', 'collective')} #{f.seq}"
                 f" at {locations_text(f, waiting)}, but ")
+        late = f.not_started or []
+        if late:
+            text += (f"the GPU of {rank_word(late)} has not reached it after {waited}: work queued ahead of it on "
+                     f"{verb_for(late, 'its', 'their')} stream does not finish (a kernel that hangs or runs long), "
+                     f"not the collective.")
+            return text + untraced_clause(f) + behind_clause(f)
         if done:
             text += (f"only {rank_word(done)} completed it; {who_phrase(f, waiting, g)} {verb_for(waiting, 'has', 'have')} "
                      f"not, after {waited}")

@@ -135,3 +135,38 @@ def test_work_every_member_entered_is_not_hung_while_its_ranks_moved_on():
     job.entries[0]["progress"]["0"]["completed"] = 3   # #4's completion not (yet) seen
     job.entries[1]["progress"]["0"]["completed"] = 3
     assert analyze(job.snap(), STALL, T + 41) == []
+
+
+def test_a_peer_that_fails_because_the_first_rank_timed_out_is_part_of_the_ending():
+    """gloo: rank 0 times out first and leaves; rank 1's waits then fail with "Connection closed by
+    peer". Both endings are the hang's consequence: the cycle is named, not rank 1 as a dead rank."""
+    job = Job(2, {"1": ("ipc", [0, 1])})
+    job.history("0", 1).history("1", 1)
+    job.op(0, "0", 2, "all_reduce", "in_flight", at="train.py:15", t=T)
+    job.op(1, "1", 2, "gather", "in_flight", at="serve.py:12", t=T, root=1)
+    for r, err, t in ((0, "RuntimeError: Timed out waiting 4000ms for recv operation to complete", T + 4),
+                      (1, "RuntimeError: [../gloo/pair.cc:534] Connection closed by peer [127.0.0.1]:6000", T + 4.2)):
+        rec = job.entries[r]["records"][-1]
+        rec.update(state="failed", failed_at=t, error=err,
+                   wait={"since": T + .01, "frames": frames("train.py:16"), "thread": "MainThread"})
+        job.set(r, status="exited", died_at=t + .1, exit={"code": 1, "exception": err})
+    f = only(analyze(job.snap(), STALL, T + 5), "deadlock")
+    assert f.key == "deadlock:0#2,1#2" and f.ranks["1"]["ended"] == "timeout"
+
+
+def test_gpu_work_queued_ahead_is_not_the_collective_hung():
+    """CUDA: each member's start event (recorded before the call) tells whether its GPU reached the
+    collective. One whose GPU has not is stuck on the work queued ahead, not in the collective."""
+    job = Job(2)
+    job.history("0", 3)
+    job.op([0, 1], "0", 4, "all_reduce", "in_flight", at="train.py:50", t=T)
+    for r in (0, 1):
+        rec = job.entries[r]["records"][-1]
+        rec.update(start_event=True, started_at=T + .001 if r == 0 else None,
+                   wait={"since": T + .1, "frames": frames("train.py:51"), "thread": "MainThread"})
+    f = only(analyze(job.snap(), STALL, T + 40), "stall")
+    assert f.stage == "completion" and f.not_started == [1]
+    assert "has not reached it" in f.summary and "itself is hung" not in f.summary
+    job.entries[1]["records"][-1]["started_at"] = T + .002
+    f = only(analyze(job.snap(), STALL, T + 40), "stall")
+    assert f.not_started is None and "the collective itself is hung" in f.summary
