@@ -246,8 +246,11 @@ class RankView:
         self.ended_by: str | None = None
         self._live = [r for r in chosen if r["state"] != FAILED]
         self.pending = []
-        self.end_waits([r for r in self.failed if timed_out(r.get("error"))])
-        if not self.ended_by and self.fatal_abort(self.pending):
+        # failed by the backend's timeout: the snapshot decides whether that ended a hang (the
+        # waits stand) or a wait for a rank already gone (failures because of it): Snapshot._timeouts
+        self.timed_out = [r for r in self.failed if timed_out(r.get("error"))]
+        self.end_waits([])
+        if self.fatal_abort(self.pending):
             self.ended_by = "abort"
             for r in self.pending:
                 r.ended = "abort"
@@ -556,6 +559,7 @@ class Snapshot:
                 self.unreadable[rank] = f"malformed entry ({type(exc).__name__}: {exc})"
         self.ranks = dict(sorted(self.ranks.items()))
         self.unreadable = dict(sorted(self.unreadable.items()))
+        self._timeouts()
         self._chain_endings()
         self._classify_deaths()
         self.groups: dict[str, dict] = {}
@@ -567,6 +571,29 @@ class Snapshot:
             except Exception:
                 continue  # members then inferred from the ranks that mention it
         self._arrivals: dict[str, tuple] = {}
+
+    def _timeouts(self) -> None:
+        """A call the backend's timeout ended is a wait that stood until then (the post-mortem judges
+        the hang it was), unless a member it waited for had already ended: then it failed because of
+        that rank (its dead_rank finding lists it)."""
+        gone = {}
+        for r, v in self.ranks.items():
+            if v.dead and not v.timed_out:
+                t = _time_or_none((v.exit or {}).get("at")) or v.died_at
+                if t is not None:
+                    gone[r] = t
+        for rank, v in self.ranks.items():
+            if not v.timed_out:
+                continue
+            waits = []
+            for raw in v.timed_out:
+                peers = [raw["peer"]] if raw.get("p2p") and raw.get("peer") is not None else self.members_of(raw["group"])
+                t = v.failed_at(raw)
+                if not any(p != rank and p in gone and gone[p] <= t for p in peers):
+                    waits.append(raw)
+            if waits:
+                v.end_waits(waits)
+                v.classify(teardown=False)
 
     def _chain_endings(self) -> None:
         """gloo: the first rank to time out leaves, and its peers' calls then fail with "Connection

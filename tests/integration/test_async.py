@@ -94,7 +94,7 @@ def test_after_the_backends_timeout_the_post_mortem_names_the_hang(gloo_job):
     collective is failed, with its reason, never completed."""
     job = start(gloo_job, "cross", COLLTRACE_ON_HANG="warn", PG_TIMEOUT_S="4")
     codes = job.wait(90)
-    assert codes == [1, 1] and "Timed out" in job.stderr(0)
+    assert codes == [1, 1] and "Timed out" in job.stderr(0) + job.stderr(1)
     out = run_cli("analyze", job.dir, "--json")
     assert out.returncode == 1, out.stderr
     doc = json.loads(out.stdout)
