@@ -245,9 +245,11 @@ elif mode == "nosync":
         routes=rec.cuda.routes() if rec is not None and CUDA else None)
 
 elif mode == "funcol":
+    import torch._dynamo  # noqa: F401 - what a functional collective's first call imports (seconds)
     import torch.distributed._functional_collectives as funcol
 
     tp = dist.new_group([0, 1])
+    dist.barrier(group=tp)   # the group's communicator made: the threshold then measures waits
     x = torch.ones(8, device=device)
     for _ in range(3):
         y = funcol.all_reduce(x, "sum", tp)  # op: funcol
