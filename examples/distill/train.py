@@ -175,7 +175,7 @@ def train(args, ipc: InterProcessComm, dataset, loader, preempted: dict) -> None
         except StopIteration:
             batches = iter(loader)
             batch = next(batches)
-        inputs, targets = batch[:, :-1], batch[:, 1:]
+        inputs, targets = batch[:, :-1].contiguous(), batch[:, 1:]   # torch 2.4's gloo gather sends a view's storage
         ipc.gather_batch_to_teacher(inputs)  # line: send_batch
         teacher_logits = ipc.scatter_logits_from_teacher(torch.empty(*shape, args.vocab))
         logits = model(inputs)  # line: forward
