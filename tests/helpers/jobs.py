@@ -26,29 +26,6 @@ def fsdp2() -> bool:
     return hasattr(torch.distributed.fsdp, "fully_shard")
 
 
-_FR_PROBE = """
-import json, os, sys, tempfile, torch, torch.distributed as dist
-dist.init_process_group("gloo", init_method="file://" + os.path.join(tempfile.mkdtemp(), "store"), rank=0, world_size=1)
-dist.all_reduce(torch.ones(1))
-dump = getattr(torch._C._distributed_c10d, "_dump_fr_trace_json", None)
-print(bool(dump and json.loads(dump(includeCollectives=True, onlyActive=False)).get("entries")))
-dist.destroy_process_group()
-"""
-
-
-def flight_recorder_names_gloo() -> bool:
-    """Whether this torch's Flight Recorder, as a job gets it, holds a gloo all_reduce just run
-    (torch 2.11 and 2.13: yes; 2.9: off unless TORCH_FR_BUFFER_SIZE is set; 2.4: no such dump).
-    Asked of a 1-rank job of its own: the answer comes from torch, not from colltrace."""
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COLLTRACE", "TORCH_FR_", "TORCH_NCCL_TRACE"))}
-    done = subprocess.run([sys.executable, "-c", _FR_PROBE], capture_output=True, text=True, timeout=120, env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.strip().splitlines()[-1] == "True"
-
-
 def markers(script: str) -> dict[str, int]:
     """`# op: NAME` comments in a job script -> line number."""
     out = {}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.jobs import flight_recorder_names_gloo, frames_line, fsdp2, loc, native
+from helpers.jobs import frames_line, fsdp2, loc, native
 
 NATIVE = native()
 FSDP2 = fsdp2()   # the job shards with FSDP2 where torch has it public (2.6+)
@@ -129,11 +129,13 @@ def test_skipped_backward_meets_ddps_unseen_all_reduce_as_a_mismatch(torchrun_jo
     all-reduce, which runs in C++ where no wrapper sees it. The Flight Recorder, asked for on
     demand, names it: a mismatch within about a second, not a stall after COLLTRACE_STALL_S.
     On torch >= 2.14 c10d's hooks record the all-reduce itself, with the stack of backward.
-    Where neither can name it (torch 2.4; 2.9 with its recorder off by default), it is a stall
-    on the barrier whose missing ranks are in no traced collective, and rank 0 said why at start."""
-    named = NATIVE or (hasattr(torch._C._distributed_c10d, "_dump_fr_trace_json") and flight_recorder_names_gloo())
+    Where neither can name it (torch 2.4: no Flight Recorder dump), it is a stall on the barrier
+    whose missing ranks are in no traced collective, and rank 0 said why at start. The recorder is
+    on (torch 2.9 has it off by default: rank 0 would say so, see test_torchcompat)."""
+    named = NATIVE or hasattr(torch._C._distributed_c10d, "_dump_fr_trace_json")
     # unnamed, the stall is ended once it has lasted 5 s whatever its missing ranks seem to do
-    job, rc = run(torchrun_job, "ddp_skip", **({"stall_s": 60} if named else {"stall_s": 3, "COLLTRACE_ABORT_STALL_S": "5"}))
+    job, rc = run(torchrun_job, "ddp_skip", TORCH_FR_BUFFER_SIZE="2000",
+                  **({"stall_s": 60} if named else {"stall_s": 3, "COLLTRACE_ABORT_STALL_S": "5"}))
     assert rc != 0
     (f,) = job.findings()
     if not named:
