@@ -1,10 +1,14 @@
 """Builds colltrace's optional compiled parts when the package is installed, with the compilers
 Python itself was built with. Neither ever fails the install: without one, a warning says so.
-  - the hot path (colltrace/rank/_fastpath.c): with no C compiler, or Python < 3.11, the Python
-    wrappers are used (the same records, at about 6x colltrace's cost per collective);
+  - the hot path (colltrace/rank/_fastpath.c): with no C compiler the Python wrappers are used
+    (the same records, at about 6x colltrace's cost per collective);
   - a crash's native frames (colltrace/rank/_crash.c, with _terminate.cpp where a C++ compiler
-    links it: the uncaught C++ exception behind an abort), on every Python: without it a dead
-    rank is told by its signal and Python frames only."""
+    links it: the uncaught C++ exception behind an abort): without it a dead rank is told by its
+    signal and Python frames only.
+
+From a checkout, with no install and no network (hatchling not needed):
+`python hatch_build.py` builds both in place, next to their sources, for the Python that runs it
+(CONTRIBUTING.md, "From a checkout"). Python 3.10 to 3.13 and newer."""
 from __future__ import annotations
 
 import os
@@ -13,7 +17,10 @@ import subprocess
 import sys
 import sysconfig
 
-from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+try:
+    from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+except ImportError:   # `python hatch_build.py` in a checkout: build() alone is used
+    BuildHookInterface = object
 
 SOURCE = os.path.join("colltrace", "rank", "_fastpath.c")
 CRASH = os.path.join("colltrace", "rank", "_crash.c")
@@ -56,6 +63,25 @@ def build_crash(root: str, out_dir: str, tmp: str) -> tuple[str | None, str | No
     return None, f"colltrace: a crash's native frames will not be kept ({err2})"
 
 
+def build(root: str) -> tuple[str | None, str]:
+    """Compile the hot path into colltrace/rank/ under `root`: (the module's path, "") or (None, why not)."""
+    if sys.version_info < (3, 10):
+        return None, "it needs Python >= 3.10"
+    src = os.path.join(root, SOURCE)
+    name = "_fastpath" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so")
+    out = os.path.join(root, "colltrace", "rank", name)
+    ldshared = shlex.split(sysconfig.get_config_var("LDSHARED") or "cc -shared")
+    ccshared = shlex.split(sysconfig.get_config_var("CCSHARED") or "-fPIC")
+    cmd = [*ldshared, *ccshared, "-O2", f"-I{sysconfig.get_paths()['include']}", src, "-o", out]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, str(exc)
+    if done.returncode != 0:
+        return None, (done.stderr.strip().splitlines() or ["?"])[-1]
+    return out, ""
+
+
 class FastPathHook(BuildHookInterface):
     PLUGIN_NAME = "custom"
 
@@ -63,28 +89,14 @@ class FastPathHook(BuildHookInterface):
         if self.target_name != "wheel":
             return
         self._crash(version, build_data)
-        if sys.version_info < (3, 11):
-            self.app.display_warning("colltrace: the compiled hot path needs Python >= 3.11; using the Python wrappers")
-            return
-        src = os.path.join(self.root, SOURCE)
-        name = "_fastpath" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so")
-        out = os.path.join(self.root, "colltrace", "rank", name)
-        ldshared = shlex.split(sysconfig.get_config_var("LDSHARED") or "cc -shared")
-        ccshared = shlex.split(sysconfig.get_config_var("CCSHARED") or "-fPIC")
-        cmd = [*ldshared, *ccshared, "-O2", f"-I{sysconfig.get_paths()['include']}", src, "-o", out]
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            self.app.display_warning(f"colltrace: the compiled hot path was not built ({exc}); using the Python wrappers")
-            return
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["?"])[-1]
-            self.app.display_warning(f"colltrace: the compiled hot path was not built ({last}); using the Python wrappers")
+        out, why = build(self.root)
+        if out is None:
+            self.app.display_warning(f"colltrace: the compiled hot path was not built ({why}); using the Python wrappers")
             return
         build_data["pure_python"] = False
         build_data["infer_tag"] = True
         if version != "editable":   # an editable install imports it from the checkout, where it was built
-            build_data["force_include"][out] = f"colltrace/rank/{name}"
+            build_data["force_include"][out] = f"colltrace/rank/{os.path.basename(out)}"
 
     def _crash(self, version, build_data):
         import tempfile
@@ -100,3 +112,20 @@ class FastPathHook(BuildHookInterface):
         build_data["infer_tag"] = True
         if version != "editable":
             build_data["force_include"][out] = f"colltrace/rank/{os.path.basename(out)}"
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    root = os.path.dirname(os.path.abspath(__file__))
+    with tempfile.TemporaryDirectory() as tmp:
+        crash, warning = build_crash(root, os.path.join(root, "colltrace", "rank"), tmp)
+    if warning:
+        sys.stderr.write(warning + "\n")
+    if crash:
+        sys.stderr.write(f"colltrace: built {crash}\n")
+    path, why = build(root)
+    if path is None:
+        sys.stderr.write(f"colltrace: the compiled hot path was not built ({why}); the Python wrappers will be used\n")
+        sys.exit(1)
+    sys.stderr.write(f"colltrace: built {path}\n")

@@ -63,3 +63,19 @@ class _TorchDistributedFinder:
 
         spec.loader.exec_module = exec_module
         return spec
+
+
+def checkout_path() -> list[str]:
+    """What a job's PYTHONPATH needs for this hook when colltrace runs from a checkout that is not
+    installed (no network to install it): the checkout and its startup/ folder, whose
+    sitecustomize.py runs the hook. [] where colltrace.pth (or .start) is in a site directory."""
+    import site
+
+    dirs = list(getattr(site, "getsitepackages", lambda: [])())
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    if any(os.path.exists(os.path.join(d, name)) for d in dirs for name in ("colltrace.pth", "colltrace.start")):
+        return []
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    startup = os.path.join(checkout, "startup")
+    return [checkout, startup] if os.path.isfile(os.path.join(startup, "sitecustomize.py")) else []

@@ -1,21 +1,25 @@
-"""The torch releases colltrace is tested on, in one place.
+"""The torch releases colltrace is tested on, in one place, and what an older one lacks.
 
 colltrace uses what the installed torch offers by feature (c10d's hooks where a group has
 `register_pre_hook`, functional collectives where they import, ...), never by version: the
-package asks for `torch>=2.13` with no upper bound, because a bound makes pip swap a user's
-newer torch (and its CUDA libraries) for an older one without a word. The version decides only
-one thing: on a torch newer than any CI run has tested, the job says so once, so that a surprise
-there is read in that light. Importing this module imports nothing (not torch).
+package asks for `torch>=2.4` with no upper bound, because a bound makes pip swap a user's
+torch (and its CUDA libraries) for another without a word. The version decides only one thing:
+on a torch newer than any CI run has tested, the job says so once, so that a surprise there is
+read in that light. What an older torch lacks is found by feature (`unseen_note`) and said once
+too, where it changes what a finding can name. Importing this module imports nothing (not torch).
 """
 from __future__ import annotations
 
+import json
 import re
 import sys
 
-# The releases .ci/run runs the suites on (tests/unit/test_torchcompat.py holds it to that).
-TESTED = ("2.13.0", "2.14.1", "2.15.0")
+# The releases .ci/run runs the suites on (tests/unit/test_torchcompat.py holds it to that); the
+# oldest is the floor pyproject.toml asks for.
+TESTED = ("2.4.1", "2.9.1", "2.11.0", "2.13.0", "2.14.1", "2.15.0")
 
 _said = False
+_said_unseen = False
 
 
 def minor(version) -> tuple[int, int] | None:
@@ -53,6 +57,58 @@ def say_if_newer(version=None, stream=None) -> bool:
         if note is None:
             return False
         _said = True
+        stream = stream or sys.stderr
+        stream.write(note + "\n")
+        stream.flush()
+        return True
+    except Exception:
+        return False
+
+
+def _flight_recorder_on(dump) -> bool | None:
+    """Whether the Flight Recorder records this job's groups: it lists every group it records in
+    `pg_config` from the group's creation on, and none while it is off (its buffer size 0, the
+    default of torch 2.9 and older; on by default in torch 2.11). None when the dump cannot be read."""
+    try:
+        return bool(json.loads(dump(includeCollectives=False, onlyActive=True)).get("pg_config"))
+    except Exception:
+        return None
+
+
+def unseen_note(torch) -> str | None:
+    """The one line for a torch on which collectives issued from C++ (DDP's gradient all-reduces,
+    calls on a ProcessGroup itself) can be counted but not named: no c10d hooks to record them
+    (torch 2.14+) and no Flight Recorder to name them when asked. None where they can be named,
+    or where that cannot be told. Asks only after init_process_group (the groups exist)."""
+    pg = getattr(getattr(torch, "distributed", None), "ProcessGroup", None)
+    if callable(getattr(pg, "register_pre_hook", None)):
+        return None   # c10d's hooks record them as they are issued
+    dump = getattr(getattr(torch._C, "_distributed_c10d", None), "_dump_fr_trace_json", None)
+    if dump is None:
+        lacks, fix = "no Flight Recorder dump (torch._C._distributed_c10d._dump_fr_trace_json)", ""
+    else:
+        on = _flight_recorder_on(dump)
+        if on is not False:
+            return None
+        lacks, fix = "its Flight Recorder off", "; TORCH_FR_BUFFER_SIZE=2000 turns it on and has them named"
+    got = minor(getattr(torch, "__version__", "")) or ("?", "?")
+    return (f"colltrace: torch {got[0]}.{got[1]} has no c10d collective hooks (torch 2.14+) and {lacks}: "
+            f"collectives issued from C++ (DDP's gradient all-reduces, calls on a ProcessGroup itself) are "
+            f"counted, not named{fix}")
+
+
+def say_if_unseen(stream=None) -> bool:
+    """Write unseen_note once per process (the caller picks rank 0, after init_process_group).
+    True if written. Never raises: this runs inside the user's job."""
+    global _said_unseen
+    try:
+        torch = sys.modules.get("torch")
+        if _said_unseen or torch is None:
+            return False
+        note = unseen_note(torch)
+        if note is None:
+            return False
+        _said_unseen = True
         stream = stream or sys.stderr
         stream.write(note + "\n")
         stream.flush()

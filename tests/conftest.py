@@ -120,6 +120,7 @@ def _job_starter(tmp_path):
         base = {k: v for k, v in os.environ.items() if not k.startswith(("COLLTRACE", "TORCH_DISTRIBUTED_DEBUG"))}
         base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), WORLD_SIZE=str(nprocs),
                     LOCAL_WORLD_SIZE=str(nprocs), TORCHELASTIC_USE_AGENT_STORE="True",
+                    TORCHELASTIC_RESTART_COUNT="0",   # torchrun sets it too; torch 2.4's rendezvous reads it
                     TORCHELASTIC_RUN_ID=f"test-{os.getpid()}-{time.time_ns()}", OMP_NUM_THREADS="1",
                     PYTHONUNBUFFERED="1")
         if traced:

@@ -50,6 +50,10 @@ class RunCommand:
         directory = args.dir or os.path.join(config.DEFAULT_DIR, time.strftime("run-%Y%m%d-%H%M%S"))
         os.makedirs(directory, exist_ok=True)
         env = dict(os.environ, COLLTRACE="1", COLLTRACE_DIR=directory, COLLTRACE_WATCHDOG="external")
+        from colltrace import _boot
+
+        if extra := _boot.checkout_path():   # from a checkout, not installed: the hook through PYTHONPATH
+            env["PYTHONPATH"] = os.pathsep.join(extra + [p for p in [env.get("PYTHONPATH")] if p])
         for v, value in flags.items():
             env[v.env] = _dashboard_bind(value, env) if v.field == "dashboard" else str(value)
         settings = config.load(env)

@@ -50,6 +50,8 @@ class Answerer:
             client = storelink._connect(self.address[0], self.address[1], 30.0, attempts=1)
         except storelink.StoreError:
             return
+        if not callable(getattr(client, "queue_pop", None)):
+            return   # a TCPStore without queues (torch 2.4): no answers (the probes get none), and no spin
         while not self._stopped:
             try:
                 raw = bytes(client.queue_pop(PING_KEY, True))
@@ -93,6 +95,8 @@ class Probe:
             client = storelink._connect(self.address[0], self.address[1], ANSWER_WAIT_S, attempts=1)
         except storelink.StoreError:
             return
+        if not callable(getattr(client, "queue_push", None)):
+            return   # a TCPStore without queues (torch 2.4): no offset, as with a parent that answers nothing
         kept: list[tuple[float, float, float]] = []   # (offset, bound, when)
         start = time.monotonic()
         n = 0

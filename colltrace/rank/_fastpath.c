@@ -6,8 +6,9 @@
  * looks up the interned signature, thread and call stack, writes the ENTER slot into the rank's
  * ring, calls the original, reads the counter again and writes the RETURN slot. Anything else
  * (a first call, a list of tensors, async work, a CUDA tensor, digests, any error) goes to the
- * Python wrapper, which stays the reference: both write the same slots. Needs Python >= 3.11
- * (PyFrame_GetLasti) and a little-endian machine (the ring's byte order).
+ * Python wrapper, which stays the reference: both write the same slots. Needs Python >= 3.10
+ * (3.10 through the stand-in for PyFrame_GetLasti below) and a little-endian machine (the ring's
+ * byte order).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -18,8 +19,12 @@
 #include <string.h>
 #include <time.h>
 
-#if PY_VERSION_HEX < 0x030B0000
-#error "colltrace's fast path needs Python >= 3.11"
+#if PY_VERSION_HEX < 0x030A0000
+#error "colltrace's fast path needs Python >= 3.10"
+#elif PY_VERSION_HEX < 0x030B0000
+/* Python 3.10 has no PyFrame_GetLasti; its frame's f_lasti counts code units where the function
+ * (and frame.f_lasti, which the Python wrappers key stacks by) counts bytes. */
+static inline int PyFrame_GetLasti(PyFrameObject *f) { return f->f_lasti < 0 ? -1 : f->f_lasti * (int)sizeof(_Py_CODEUNIT); }
 #endif
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "colltrace's ring is little-endian"

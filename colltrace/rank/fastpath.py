@@ -19,7 +19,7 @@ if not getattr(sys, "_is_gil_enabled", lambda: True)():
 else:
     try:
         from colltrace.rank import _fastpath
-    except ImportError:   # not built (no compiler at install time, Python < 3.11): the Python wrappers
+    except ImportError:   # not built (no compiler at install time): the Python wrappers
         _fastpath = None
 # A build older than this source (a checkout updated without reinstalling) lacks what the code
 # below calls: the Python wrappers then, not an AttributeError inside a rank.

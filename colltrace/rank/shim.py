@@ -566,6 +566,7 @@ def _ensure_recorder():
                 from colltrace import torchcompat
 
                 torchcompat.say_if_newer()
+                torchcompat.say_if_unseen()   # what an older torch cannot name, found by feature
             _install_funcol()
             from colltrace.rank import launcher
 

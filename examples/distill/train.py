@@ -45,7 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=32)
     p.add_argument("--vocab", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--parallel", choices=("ddp", "fsdp2"), default="ddp")
+    p.add_argument("--parallel", choices=("ddp", "fsdp2"), default="ddp", type=parallel_mode)
     p.add_argument("--log-freq", type=int, default=5)
     p.add_argument("--ckpt-every", type=int, default=10)
     p.add_argument("--probe-freq", type=int, default=10, help="0: no probe folder")
@@ -175,7 +175,7 @@ def train(args, ipc: InterProcessComm, dataset, loader, preempted: dict) -> None
         except StopIteration:
             batches = iter(loader)
             batch = next(batches)
-        inputs, targets = batch[:, :-1], batch[:, 1:]
+        inputs, targets = batch[:, :-1].contiguous(), batch[:, 1:]   # torch 2.4's gloo gather sends a view's storage
         ipc.gather_batch_to_teacher(inputs)  # line: send_batch
         teacher_logits = ipc.scatter_logits_from_teacher(torch.empty(*shape, args.vocab))
         logits = model(inputs)  # line: forward
@@ -209,6 +209,17 @@ def train(args, ipc: InterProcessComm, dataset, loader, preempted: dict) -> None
     if ipc.is_master and times:
         print(f"done: {step} steps, loss {losses[0][0]:.4f} -> {losses[-1][0]:.4f}, "
               f"median step {1000 * statistics.median(times):.2f} ms", flush=True)
+
+
+def parallel_mode(name: str) -> str:
+    """--parallel's check, on every rank before any group exists: FSDP2's `fully_shard` is public
+    from torch 2.6 (torch 2.4 has a private one that makes CUDA streams even on a CPU mesh)."""
+    import torch.distributed.fsdp
+
+    if name == "fsdp2" and not hasattr(torch.distributed.fsdp, "fully_shard"):
+        raise argparse.ArgumentTypeError(f"fsdp2 needs torch 2.6 or newer (torch.distributed.fsdp.fully_shard); "
+                                         f"this is torch {torch.__version__}: use --parallel ddp")
+    return name
 
 
 if __name__ == "__main__":

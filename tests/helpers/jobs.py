@@ -19,6 +19,13 @@ def native() -> bool:
     return hooks.supported(dist.ProcessGroup)
 
 
+def fsdp2() -> bool:
+    """FSDP2's `fully_shard` where torch has it public (2.6+; torch 2.4's private one wants CUDA)."""
+    import torch.distributed.fsdp
+
+    return hasattr(torch.distributed.fsdp, "fully_shard")
+
+
 def markers(script: str) -> dict[str, int]:
     """`# op: NAME` comments in a job script -> line number."""
     out = {}

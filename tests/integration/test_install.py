@@ -1,7 +1,9 @@
-"""Installing colltrace keeps the user's torch: the same version, imported from the same file.
+"""Installing colltrace keeps the user's torch: the same version, imported from the same file,
+and the same CUDA stack beside it (each nvidia-* package and triton: version, place, files).
 
-The environment is the one this test runs in (each CI leg's own torch: 2.13.0, 2.14.1, 2.15.0),
-seen through a new venv: a .pth file puts this interpreter's site-packages on the venv's path,
+The environment is the one this test runs in (each CI leg's own torch: 2.4.1, 2.9.1 and 2.11.0,
+CUDA builds with their nvidia-* packages; 2.13.0, the CPU build; 2.14.1 and 2.15.0), seen
+through a new venv: a .pth file puts this interpreter's site-packages on the venv's path,
 after its own, so pip in the venv finds torch and colltrace's other dependencies installed,
 exactly as in a user's environment, and whatever pip installs lands in the venv, ahead of them.
 Then `pip install <colltrace>` runs as a user's would, with two differences that keep it to
@@ -31,6 +33,19 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SOURCES = ("pyproject.toml", "hatch_build.py", "README.md", "LICENSE", "colltrace.pth", "colltrace.start",
            "colltrace", "dashboard")
 WHICH_TORCH = "import json, os, torch; print(json.dumps([torch.__version__, os.path.realpath(torch.__file__)]))"
+# torch and the CUDA stack pip installed with it, as the interpreter that runs this sees them (the
+# first of each name on sys.path, the one imported): version, folder, and its RECORD (every file
+# with its hash), so that a package put in front of it, or reinstalled, shows.
+WHICH_STACK = """
+import hashlib, json, os, importlib.metadata as md
+out = {}
+for d in md.distributions():
+    name = (d.metadata["Name"] or "").lower().replace("_", "-")
+    if name in ("torch", "triton") or name.startswith(("nvidia-", "cuda-")):
+        record = (d.read_text("RECORD") or "").encode()
+        out.setdefault(name, [d.version, os.path.realpath(str(d.locate_file(""))), hashlib.sha256(record).hexdigest()])
+print(json.dumps(out, sort_keys=True))
+"""
 
 
 def _run(cmd, timeout, **kw):
@@ -45,6 +60,10 @@ def test_installing_colltrace_keeps_the_torch_already_there(tmp_path):
     import torch
 
     before = [torch.__version__, os.path.realpath(torch.__file__)]
+    stack = _run([sys.executable, "-c", WHICH_STACK], 120)
+    assert stack.returncode == 0, stack.stderr
+    stack_before = json.loads(stack.stdout)
+    assert "torch" in stack_before, stack_before
     src = tmp_path / "src"
     src.mkdir()
     for name in SOURCES:
@@ -77,6 +96,9 @@ def test_installing_colltrace_keeps_the_torch_already_there(tmp_path):
     after = _run([python, "-c", WHICH_TORCH], 120, env=env, cwd=str(tmp_path))
     assert after.returncode == 0, after.stderr
     assert json.loads(after.stdout.strip().splitlines()[-1]) == before
+    stack_after = _run([python, "-c", WHICH_STACK], 120, env=env, cwd=str(tmp_path))
+    assert stack_after.returncode == 0, stack_after.stderr
+    assert json.loads(stack_after.stdout) == stack_before   # torch and every CUDA package: the same ones
     where = _run([python, "-c", "import colltrace; print(colltrace.__file__)"], 60, env=env, cwd=str(tmp_path))
     assert where.stdout.strip().startswith(str(venv)), where.stdout + where.stderr   # the install did happen
     check = _run([python, "-m", "pip", "check"], 120, env=env)

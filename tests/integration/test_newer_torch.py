@@ -17,7 +17,7 @@ dist.barrier()
 print("RESULT", x.tolist(), flush=True)
 dist.destroy_process_group()
 """
-LINE = "colltrace: torch 2.16 is newer than the versions tested (2.13-2.15): tracing with what it offers"
+LINE = "colltrace: torch 2.16 is newer than the versions tested (2.4-2.15): tracing with what it offers"
 
 
 def test_a_newer_torch_is_said_once_per_job_and_traced_all_the_same(gloo_job, tmp_path):
