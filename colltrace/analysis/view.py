@@ -545,6 +545,8 @@ class Snapshot:
                 members = sorted({to_int(r) for r in g["ranks"]})
                 self.groups[str(name)] = {"name": str(g.get("name", name)), "desc": str(g.get("desc") or ""),
                                           "ranks": members}
+                if g.get("any_of") is True:   # any member ends its waits: a key of the job's store
+                    self.groups[str(name)]["any_of"] = True
             except Exception:
                 continue  # members then inferred from the ranks that mention it
         self._arrivals: dict[str, tuple] = {}
@@ -577,6 +579,11 @@ class Snapshot:
 
     def members(self, name: str) -> list[int]:
         return self.group(name)["ranks"]
+
+    def any_of(self, name: str) -> bool:
+        """Whether any member, not every one, ends a wait in the group (a key of the job's store
+        that some rank sets): such a wait is certain of nothing, and closes no cycle."""
+        return self.group(name).get("any_of") is True
 
     def arrivals(self, name: str):
         """Members sorted by how far they entered the group, once per group."""

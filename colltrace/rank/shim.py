@@ -16,7 +16,7 @@ import sys
 import threading
 
 from colltrace import config
-from colltrace.rank import calls, fastpath, hooks
+from colltrace.rank import calls, early, fastpath, hooks, setup
 from colltrace.rank.calls import (BACKEND_OVERRIDES, describe_tensors, given_root, input_digest, param_getter,
                                   redop_name, to_global)
 from colltrace.tracefile.ringfile import F_ASYNC, F_DIGEST, F_P2P
@@ -77,7 +77,7 @@ FUNCOL_OPS = {
 }
 
 _lock = threading.RLock()
-_state = {"installed": False, "settings": None, "originals": {}, "recorder": None, "funcol": False}
+_state = {"installed": False, "settings": None, "originals": {}, "recorder": None, "funcol": False, "joined": False}
 recorder = None  # the live Recorder; read by every wrapper
 _c10d = None
 _NON_MEMBER = object()
@@ -428,27 +428,37 @@ def _is_cpu_tensor(t) -> bool:
 # ---- process groups and the recorder's life ------------------------------------------------
 
 def _ensure_recorder():
-    """Create this rank's recorder once the default group exists."""
+    """Join this rank's recorder to the default group once it exists: the one made before it (the
+    start-up hook's, or init_process_group's own: _before_init), else a new one."""
     global recorder
-    if recorder is not None or _state["recorder"] == "failed":
+    if _state["joined"] or _state["recorder"] == "failed":
         return recorder
     with _lock:
-        if recorder is not None:
+        if _state["joined"] or _state["recorder"] == "failed":
             return recorder
         try:
             c10d = _c10d
             if not c10d.is_initialized():
                 return None
-            from colltrace.rank.recorder import Recorder, job_id
-
             settings = _state["settings"]
             pg = c10d._get_default_group()
             try:   # the job's own store tells this job from the others (colltrace.rank.identity)
                 store = c10d._world.pg_map[pg][1]
             except Exception:
                 store = None
-            rec = Recorder(settings, c10d.get_rank(), c10d.get_world_size(), str(c10d.get_backend(pg)),
-                           job=job_id(store=store))
+            rec = recorder
+            if rec is not None and (rec.rank, rec.world_size) != (c10d.get_rank(), c10d.get_world_size()):
+                # the environment said another rank than init_process_group: what was traced is wrong
+                rec.disable(f"init_process_group made this rank {c10d.get_rank()} of {c10d.get_world_size()}, "
+                            f"not {rec.rank} of {rec.world_size}")
+                raise RuntimeError(f"RANK/WORLD_SIZE said rank {rec.rank} of {rec.world_size}, init_process_group "
+                                   f"{c10d.get_rank()} of {c10d.get_world_size()}")
+            if rec is None:
+                rec = _new_recorder(c10d.get_rank(), c10d.get_world_size(), store, str(c10d.get_backend(pg)))
+            if store is not None:
+                from colltrace.rank import identity
+
+                rec.store_id = identity.store_id(store)
             rec.group_state(pg, first_sight)
             for other in list(c10d._world.pg_names):
                 if other is not pg and other is not None:
@@ -463,6 +473,7 @@ def _ensure_recorder():
                 pass
             recorder = rec
             _state["recorder"] = rec
+            _state["joined"] = True
             if settings.batches:
                 from colltrace.rank import batches
 
@@ -477,6 +488,7 @@ def _ensure_recorder():
             launcher.ensure_watchdog(settings, rec, store)
         except Exception as exc:
             _state["recorder"] = "failed"
+            recorder = None
             from colltrace.tracefile import storage
 
             if isinstance(exc, storage.StorageError):   # a full trace folder: one warning, the job goes on
@@ -484,6 +496,50 @@ def _ensure_recorder():
             else:
                 sys.stderr.write(f"colltrace: tracing disabled on this process, could not start: {exc!r}\n")
         return recorder
+
+
+def _new_recorder(rank: int, world: int, store, backend: str = ""):
+    from colltrace.rank.recorder import Recorder, job_id
+
+    rec = Recorder(_state["settings"], rank, world, backend, job=job_id(store=store))
+    rec.lasting = setup.lasting   # the store waits that last are recorded
+    if store is not None:
+        from colltrace.rank import identity
+
+        rec.store_id = identity.store_id(store)
+    return rec
+
+
+def _before_init(args, kwargs):
+    """The recorder before init_process_group runs (its rendezvous is then seen, and a wait in it):
+    the one in use, else one made now where the call names this rank, the job's size and its store
+    (the job's identity); None: it is made once the default group exists."""
+    global recorder
+    if recorder is not None or _state["recorder"] == "failed" or _state["joined"]:
+        return recorder
+    with _lock:
+        if recorder is not None:
+            return recorder
+        store, rank, world = _init_store(args, kwargs), _init_rank(args, kwargs), _init_world(args, kwargs)
+        if store is None or not isinstance(rank, int) or not isinstance(world, int) or not 0 <= rank < world:
+            return None
+        try:
+            rec = _new_recorder(rank, world, store)
+        except Exception as exc:
+            _state["recorder"] = "failed"
+            from colltrace.tracefile import storage
+
+            if isinstance(exc, storage.StorageError):
+                sys.stderr.write(f"colltrace: warning: {exc}\n")
+            else:
+                sys.stderr.write(f"colltrace: tracing disabled on this process, could not start: {exc!r}\n")
+            return None
+        recorder = rec
+        _state["recorder"] = rec
+        from colltrace.rank import launcher
+
+        launcher.ensure_watchdog(_state["settings"], rec, store)
+        return rec
 
 
 def _make_group_hook(orig):
@@ -508,14 +564,16 @@ def _make_group_hook(orig):
 
 
 def _make_init_hook(orig):
-    @functools.wraps(orig)
-    def wrapper(*args, **kwargs):
-        result = orig(*args, **kwargs)
-        _ensure_recorder()
-        return result
+    """init_process_group: recorded as the job's first group creation (rank/setup.py) where the
+    recorder exists before it; the recorder joins the default group after it."""
+    global _init_store, _init_rank, _init_world
+    sig = inspect.signature(orig)
+    _init_store, _init_rank, _init_world = (param_getter(sig, "store"), param_getter(sig, "rank"),
+                                            param_getter(sig, "world_size"))
+    return setup.wrap_init(orig, _before_init, _ensure_recorder)
 
-    wrapper.__colltrace_original__ = orig
-    return wrapper
+
+_init_store = _init_rank = _init_world = lambda args, kwargs: None
 
 
 def _check_op_accepting_originals(orig_check):
@@ -582,6 +640,10 @@ def install() -> bool:
         patch("init_process_group", _make_init_hook)
         patch("_register_pg_in_world", _make_group_hook)
         patch("_check_op", _check_op_accepting_originals)
+        replacements.update(setup.install(c10d, sys.modules[__name__]))
+        global recorder
+        if recorder is None and _state["recorder"] is None and early.recorder() is not None:
+            recorder = _state["recorder"] = early.recorder()   # the start-up hook's: this rank before it joins
         work = getattr(c10d, "Work", None)
         wait = getattr(work, "wait", None)
         if wait is not None and not hasattr(wait, "__colltrace_original__"):
@@ -626,6 +688,9 @@ def _install_funcol():
         originals["funcol." + name] = orig
         setattr(funcol, name, new)
         replacements[id(orig)] = (orig, new)
+    mesh = sys.modules.get("torch.distributed.device_mesh")
+    if mesh is not None:   # its group creations named by the API the program called (rank/setup.py)
+        replacements.update(setup.install_mesh(mesh))
     # AsyncCollectiveTensor waits through this module-level function (trigger_wait, wait)
     orig = getattr(funcol, "wait_tensor", None)
     if orig is not None and not hasattr(orig, "__colltrace_original__"):
@@ -667,6 +732,7 @@ def uninstall() -> None:
                 setattr(_c10d, name, orig)
         _sweep(reverse)
         hooks.detach_all()
+        setup.uninstall()
         from colltrace.rank import batches
 
         batches.uninstall()
@@ -677,6 +743,7 @@ def uninstall() -> None:
             recorder.close()
         recorder = None
         _state["recorder"] = None
+        _state["joined"] = False
 
 
 def is_installed() -> bool:
