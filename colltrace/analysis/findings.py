@@ -212,7 +212,11 @@ class Verdicts:
                         downstream = DEFER
                 else:
                     view = self.snap.ranks.get(g.rank_at(v))
-                    if view is not None and view.cause and g.rev[v]:
+                    # a rank whose every waiter waits in a mismatch (ranks that made different
+                    # groups at one number: the one that ended had nothing left to wait for) is that
+                    # mismatch's consequence; a crash of its own is named anyway (`alone`)
+                    if view is not None and view.cause and g.rev[v] and not all(
+                            g.is_key(u) and g.key_at(u).mismatch for u in g.rev[v]):
                         here = True
                         dead_causes.append(g.rank_at(v))
             cause_of.append(comp[0] if here else downstream)

@@ -15,6 +15,7 @@ reader never import rank/.
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 from colltrace.tracefile import asks
@@ -37,9 +38,11 @@ class Responder(asks.Responder):
         return data
 
 def _dump() -> list[dict]:
-    import torch
-
-    c = torch._C._distributed_c10d
+    # never imported here: a rank seen before it imports torch (rank/early.py) has no recorder of
+    # torch's to read, and importing it from this thread would change what the program does
+    c = sys.modules.get("torch._C._distributed_c10d")
+    if c is None:
+        raise RuntimeError("torch.distributed is not imported in this rank yet")
     fn = getattr(c, "_dump_fr_trace_json", None)
     if fn is None:
         raise RuntimeError("this torch has no Flight Recorder dump (torch >= 2.6 has it)")

@@ -8,8 +8,8 @@ order            rank 0 makes groups A then B, rank 1 makes B then A
 no_init          rank 1 is stuck loading data before init_process_group
 mesh_subset      rank 0 alone makes a DeviceMesh of itself; then both make new_group([0, 1])
 store_get        rank 0 waits for a key of the job's store nobody sets; rank 1 goes on to a barrier
-slow_start       healthy: the last rank starts late and makes its groups late (under the stall
-                 threshold); ranks 0-1 make a group of their own with use_local_synchronization
+slow_start       healthy: the last rank joins late and makes its groups late (SLOW_S, under the
+                 stall threshold); the others make a group of their own with use_local_synchronization
 """
 import os
 import time
@@ -27,11 +27,12 @@ def load_data():
 
 if shape == "no_init" and rank == 1:
     load_data()
-if shape == "slow_start" and rank == world - 1:
-    time.sleep(slow_s)  # op: late_start
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+
+if shape == "slow_start" and rank == world - 1:
+    time.sleep(slow_s)  # op: late_start
 
 dist.init_process_group("gloo")  # op: init
 print("READY", flush=True)
@@ -73,8 +74,8 @@ elif shape == "store_get":
         store.get("weights_ready")  # op: store_get
     dist.barrier()  # op: barrier_after
 elif shape == "slow_start":
-    if rank < 2:
-        own = dist.new_group([0, 1], use_local_synchronization=True)  # op: local_group
+    if rank < world - 1:   # the last rank, no member, has no part in it
+        own = dist.new_group(list(range(world - 1)), use_local_synchronization=True)  # op: local_group
         dist.all_reduce(torch.ones(2), group=own)
     if rank == world - 1:
         time.sleep(slow_s)  # op: late_group
