@@ -48,7 +48,6 @@ class _Local(threading.local):
 
 
 _local = _Local()
-_reserved: set = set()        # recorders whose #1 is kept for the init_process_group a call will make
 
 
 def _recorder():
@@ -75,28 +74,25 @@ def job_group(rec):
 
 
 def _number(rec, gs, init: bool = False) -> int:
-    """The next number of a setup call in gs. init_process_group is the job's #1; a call that
-    comes before it (init_device_mesh, which makes it) keeps #1 for it."""
+    """The next number of a setup call in gs: init_process_group is the job's #1 (any other call
+    needs the default group: it comes after)."""
     with rec._intern:
-        if gs.name == JOB:
-            if init:
-                if gs.last_after == 0 or rec in _reserved:
-                    _reserved.discard(rec)
-                    gs.last_after = max(gs.last_after, 1)
-                    return 1
-            elif gs.last_after == 0 and not _c10d.is_initialized():
-                gs.last_after = 1
-                _reserved.add(rec)
-        gs.last_after += 1
+        gs.last_after = 1 if init and gs.last_after == 0 else gs.last_after + 1
         return gs.last_after
+
+
+def _listed(ranks) -> list[int] | None:
+    """The ranks as given, sorted; None where they cannot be read without consuming them (an
+    iterator: torch reads it itself) or are none (every rank)."""
+    if not isinstance(ranks, (list, tuple, range)):
+        return None
+    return sorted({int(r) for r in ranks})
 
 
 def _members(ranks, world: int):
     """The ranks a call asks for as its record keeps them: None for every rank of the job."""
-    if ranks is None:
-        return None
-    rs = sorted({int(r) for r in ranks})
-    return None if rs == list(range(world)) else tuple(rs)
+    rs = _listed(ranks)
+    return None if rs is None or rs == list(range(world)) else tuple(rs)
 
 
 def _enter(rec, gs, op: str, backend_op: str, members, detail, frame, init: bool = False):
@@ -166,20 +162,21 @@ def _make_new_group(orig):
     @functools.wraps(orig)
     def new_group(*args, **kwargs):
         rec = _recorder()
-        if rec is None or _local.depth:
+        if rec is None or _local.depth or not _c10d.is_initialized():   # torch's own error follows
             return orig(*args, **kwargs)
         try:
             ranks = get_ranks(args, kwargs)
             world = _c10d.get_world_size()
+            detail = None if ranks is None or isinstance(ranks, (list, tuple, range)) else f"ranks: {type(ranks).__name__}"
             if get_local(args, kwargs):
-                members = sorted({int(r) for r in ranks}) if ranks is not None else list(range(world))
-                if _c10d.get_rank() not in members:
+                members = list(range(world)) if ranks is None else _listed(ranks)
+                if members is None or _c10d.get_rank() not in members:
                     return orig(*args, **kwargs)   # torch returns at once: only members make it
                 gs = rec.virtual_group(local_name(members), "group creation: its members alone", members)
             else:
                 gs = job_group(rec)
             op = _local.api or "new_group"
-            ctx = _enter(rec, gs, op, "new_group", _members(ranks, world), None, _getframe(1))
+            ctx = _enter(rec, gs, op, "new_group", _members(ranks, world), detail, _getframe(1))
         except Exception as exc:
             rec.internal_error(exc)
             return orig(*args, **kwargs)
@@ -197,7 +194,7 @@ def _make_split_group(orig):
     @functools.wraps(orig)
     def split_group(*args, **kwargs):
         rec = _recorder()
-        if rec is None or _local.depth:
+        if rec is None or _local.depth or not _c10d.is_initialized():
             return orig(*args, **kwargs)
         try:
             parent = get_parent(args, kwargs)
@@ -207,7 +204,9 @@ def _make_split_group(orig):
             else:
                 members = sorted(_c10d.get_process_group_ranks(parent))
                 gs = rec.virtual_group(local_name(members), "group creation: its members alone", members)
-            detail = compact(repr([list(map(int, s)) for s in split])) if split is not None else None
+            detail = (compact(repr([list(map(int, s)) for s in split]))
+                      if isinstance(split, (list, tuple)) and all(isinstance(x, (list, tuple, range)) for x in split)
+                      else None)
             ctx = _enter(rec, gs, _local.api or "split_group", "split_group", None, detail, _getframe(1))
         except Exception as exc:
             rec.internal_error(exc)
@@ -228,7 +227,7 @@ def _make_store_barrier(orig):
     @functools.wraps(orig)
     def barrier(*args, **kwargs):
         rec = _recorder()
-        if rec is None or _local.depth:
+        if rec is None or _local.depth or not _c10d.is_initialized():
             return orig(*args, **kwargs)
         try:
             if get_count(args, kwargs) != rec.world_size:

@@ -197,7 +197,10 @@ def records(rec) -> list[tuple]:
 
 
 def test_group_creations_are_numbered_per_rank_with_what_they_ask_for(rec):
+    given = []
+
     def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local_synchronization=False):
+        given.append(list(ranks))
         return "pg"
 
     def init_process_group(backend=None, world_size=-1, rank=-1, store=None):
@@ -205,18 +208,24 @@ def test_group_creations_are_numbered_per_rank_with_what_they_ask_for(rec):
 
     rec_c10d = setup._c10d
     wrapped = setup._make_new_group(new_group)
-    mesh = setup._make_api(lambda: wrapped([0, 1]), "init_device_mesh")
     init = setup.wrap_init(init_process_group, lambda a, k: rec, lambda: None)
-    mesh()                    # before init_process_group (init_device_mesh makes it): #1 is kept for it
-    init("gloo")
+    wrapped([0, 1])           # before init_process_group: torch's error, nothing of colltrace's
+    # init_device_mesh without a default group makes it, then its groups
+    setup._make_api(lambda: (init("gloo"), wrapped([0, 1])), "init_device_mesh")()
+    wrapped(iter(range(4)))   # an iterator: torch reads it, colltrace does not
     wrapped(list(range(4)))   # every rank of the job: asked for as None
     wrapped([1, 2], use_local_synchronization=True)
     wrapped([2, 3], use_local_synchronization=True)   # not a member: torch returns at once, nothing recorded
     assert records(rec) == [
-        ("setup", 2, "init_device_mesh", "new_group", [0, 1], "completed"),
         ("setup", 1, "init_process_group", "init_process_group", None, "completed"),
+        ("setup", 2, "init_device_mesh", "new_group", [0, 1], "completed"),
         ("setup", 3, "new_group", "new_group", None, "completed"),
+        ("setup", 4, "new_group", "new_group", None, "completed"),
         ("setup:1-2", 1, "new_group", "new_group", [1, 2], "completed")]
+    tr = reader.RankTrace(rec.settings.dir, rec.rank)
+    tr.poll()
+    assert tr.all_records()[2]["detail"] == "ranks: range_iterator" and not rec.disabled
+    assert given[2] == [0, 1, 2, 3]   # the iterator reached torch whole
 
 
 def test_only_store_waits_that_last_on_the_jobs_store_are_recorded(rec):
