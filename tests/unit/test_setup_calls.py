@@ -228,6 +228,28 @@ def test_group_creations_are_numbered_per_rank_with_what_they_ask_for(rec):
     assert given[2] == [0, 1, 2, 3]   # the iterator reached torch whole
 
 
+def test_a_split_and_a_store_based_barrier_of_the_job_are_its_group_creations(rec):
+    """split_group of the default group: every rank of the job enters it, its split compared; a
+    direct _store_based_barrier of every rank too (one of some ranks is left to the store waits)."""
+    setup._c10d.state["init"] = True
+
+    def split_group(parent_pg=None, split_ranks=None, timeout=None, pg_options=None, group_desc=None):
+        return None
+
+    def _store_based_barrier(rank, store, group_name, rendezvous_count, timeout):
+        return None
+
+    split = setup._make_split_group(split_group)
+    barrier = setup._make_store_barrier(_store_based_barrier)
+    split(split_ranks=[[0, 1], [2, 3]])
+    barrier(1, None, "ckpt", 4, None)
+    barrier(1, None, "pair", 2, None)
+    tr = reader.RankTrace(rec.settings.dir, rec.rank)
+    tr.poll()
+    assert [(r["group"], r["seq"], r["op"], r.get("detail")) for r in tr.all_records()] == [
+        ("setup", 1, "split_group", "[[0, 1], [2, 3]]"), ("setup", 2, "_store_based_barrier", "ckpt")]
+
+
 def test_only_store_waits_that_last_on_the_jobs_store_are_recorded(rec):
     store, other = FakeStore(), OtherStore()
     get = setup._make_store_wait(FakeStore.get, "store.get")
