@@ -21,6 +21,13 @@ def activate() -> None:
     if _ACTIVE or not enabled():
         return
     _ACTIVE = True
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        try:   # a torchrun worker: seen from now on, before it joins (colltrace/rank/early.py)
+            from colltrace.rank import early
+
+            early.start()
+        except Exception as exc:
+            sys.stderr.write(f"colltrace: warning: this rank is seen from init_process_group on only: {exc!r}\n")
     try:
         if "torch.distributed.distributed_c10d" in sys.modules:
             from colltrace import install

@@ -30,6 +30,11 @@ ENDING_SLACK_S = 1.0     # a failure this much before a rank wrote its ending (h
 PRIORITY = {"mismatch": 0, "dead_rank": 1, "deadlock": 2, "stall": 3, "unmatched_p2p": 3, "duplicate_data": 5}
 # Kinds that mean the job is stuck or broken now: COLLTRACE_ON_HANG acts on these alone.
 HANG_KINDS = frozenset(("mismatch", "dead_rank", "deadlock", "stall", "unmatched_p2p"))
+# A wait on a rank that is itself in a young wait for a key of the store (a wait any rank may end)
+# is named with that wait, once it is old enough: one problem, one finding. Not past this many
+# stall thresholds (a rank waiting on the store again and again, each wait short).
+DEFER = -2
+DEFER_LIMIT = 2.0
 
 
 def _number(x) -> float | None:
@@ -165,7 +170,27 @@ class Verdicts:
             mm = check_collective(self.snap, group, seq, candidates[(group, seq)])
             if mm is not None:
                 out[coll_name(group, seq)] = mm
+        for k in self.graph.keys.values():
+            if k.name not in out and k.missing and not k.p2p and k.waiters[0].raw.get("setup"):
+                mm = self._diverged(k)
+                if mm is not None and not any((x.group, x.seq) == (mm.group, mm.seq) for x in out.values()):
+                    mm.key = k.name   # where it is waited on: one finding, the wait its consequence
+                    out[k.name] = mm
         return out
+
+    def _diverged(self, k: Key) -> Mismatch | None:
+        """Group creations (rank/setup.py): the ranks k waits for made fewer; where one made a
+        different call at its last number than the waiters did there, the ranks parted there (a
+        group made by some ranks only, groups made in another order), though both calls returned.
+        Looked for in the few setup records only (completed collectives are not re-read)."""
+        for last in sorted({self.snap.ranks[m].entered(k.group) for m in k.missing if m in self.snap.ranks}):
+            if 0 < last < k.seq:
+                here = [(w.rank, r) for w in k.waiters
+                        if (r := self.snap.ranks[w.rank].record_at(k.group, last)) is not None]
+                mm = check_collective(self.snap, k.group, last, here)
+                if mm is not None:
+                    return mm
+        return None
 
     def _settled(self, mm: Mismatch) -> bool:
         """A mismatch is certain once two ranks disagree, but members still arriving a moment
@@ -193,8 +218,9 @@ class Verdicts:
                     cw = comp_of[w]
                     if cw != ci and cause_of[cw] is not None:
                         downstream = cause_of[cw]
-                        break
-                if downstream is not None:
+                        if downstream != DEFER:
+                            break
+                if downstream is not None and downstream != DEFER:
                     break
             here = False
             if len(comp) > 1:
@@ -205,14 +231,24 @@ class Verdicts:
                 v = comp[0]
                 if g.is_key(v):
                     k = g.key_at(v)
+                    if downstream == DEFER and not k.ended and g.age(k) >= DEFER_LIMIT * self.stall_s:
+                        downstream = None   # waited long enough: named whatever is downstream
                     if k.mismatch:
                         here = True
                     elif downstream is None and (g.age(k) >= self.stall_s or k.ended) and self._hung(k):
                         here = True
                         stall_roots.append(k)
+                    elif downstream is None and k.any_of and k.waits_for_ranks:
+                        # a wait for a key of the store, not old enough yet: the waits on its ranks
+                        # are named with it once it is, as one problem
+                        downstream = DEFER
                 else:
                     view = self.snap.ranks.get(g.rank_at(v))
-                    if view is not None and view.cause and g.rev[v] and not self._status_due(view):
+                    # a rank whose every waiter waits in a mismatch (ranks that made different
+                    # groups at one number: the one that ended had nothing left to wait for) is that
+                    # mismatch's consequence; a crash of its own is named anyway (`alone`)
+                    if view is not None and view.cause and g.rev[v] and not self._status_due(view) and not all(
+                            g.is_key(u) and g.key_at(u).mismatch for u in g.rev[v]):
                         here = True
                         dead_causes.append(g.rank_at(v))
             cause_of.append(comp[0] if here else downstream)
@@ -227,7 +263,7 @@ class Verdicts:
                 for w in k.waiters:
                     for k2 in g.out_keys.get(w.rank, ()):
                         c = cause_of[comp_of[k2.node]] if k2 is not k else None
-                        if c is not None and c != k.node:
+                        if c is not None and c != DEFER and c != k.node:
                             explained_by = c
                             break
                     if explained_by is not None:
@@ -268,7 +304,7 @@ class Verdicts:
                          differs=mm.differs, classes=mm.classes, untraced_before=notes or None,
                          look_first=self.ev.look(why, [rs for rs, _ in cs], odd))
         nodes = []
-        k = self.graph.keys.get(coll_name(mm.group, mm.seq))
+        k = self.graph.keys.get(mm.key or coll_name(mm.group, mm.seq))
         if k is not None:
             nodes.append(k.node)
         return f, nodes, set(mm.records) | set(mm.not_entered)
@@ -464,6 +500,9 @@ class Verdicts:
             not_started = sorted({w.rank for w in k.waiters if w.raw.get("start_event") and w.raw.get("started_at") is None}) or None
             look = {"ranks": not_started or waiting, "rank": (not_started or waiting)[0],
                     "reason": "gpu_queue" if not_started else "backend"}
+        elif k.any_of:
+            # any rank may set the key: the line that waits for it, and which rank was to set it
+            look = {"ranks": waiting, "rank": waiting[0], "reason": "store_key"}
         else:
             # The waiters' own history first: a rank that left its established pattern to enter
             # this collective (a barrier in a rank-conditional branch) is the odd one, not the

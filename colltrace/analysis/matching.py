@@ -11,13 +11,13 @@ import operator
 
 from colltrace.analysis.view import MATCHING_OP, UNEVEN_OPS, Rec, Snapshot, is_object_op
 
-FIELDS = ("op", "shapes", "dtypes", "reduce_op", "root")
+FIELDS = ("op", "shapes", "dtypes", "reduce_op", "root", "members", "detail")
 
 
 class Mismatch:
     """Members that entered (group, seq) and disagree. `classes`: ranks that did the same."""
 
-    __slots__ = ("group", "seq", "differs", "classes", "records", "not_entered")
+    __slots__ = ("group", "seq", "differs", "classes", "records", "not_entered", "key")
 
     def __init__(self, group, seq, differs, classes, records, not_entered):
         self.group = group
@@ -26,6 +26,7 @@ class Mismatch:
         self.classes = classes          # [{"ranks": [...], "op": ..., "backend_op": ..., <differing fields>}]
         self.records = records          # rank -> raw record at (group, seq)
         self.not_entered = not_entered  # members that have not reached it
+        self.key: str | None = None     # the wait it explains, where that is at a later number (a group creation)
 
 
 def _signature(raw: dict) -> tuple:
@@ -36,11 +37,15 @@ def _signature(raw: dict) -> tuple:
     shapes = tuple(tuple(s) if isinstance(s, (list, tuple)) else (s,) for s in (raw.get("shapes") or ()))
     dtypes = tuple(str(d) for d in (raw.get("dtypes") or ()))
     redop = raw.get("reduce_op")
-    sig: tuple = (op, bop, shapes, dtypes, None if redop is None else str(redop), raw.get("root"))
+    # a group creation's ranks and what else it asks for (rank/setup.py): None for a collective
+    members = raw.get("members")
+    members = tuple(members) if isinstance(members, list) else members
+    sig: tuple = (op, bop, shapes, dtypes, None if redop is None else str(redop), raw.get("root"), members,
+                  raw.get("detail"))
     try:
         hash(sig)
     except TypeError:  # a malformed shape (a table, say): compare its text
-        sig = (op, bop, (repr(raw.get("shapes")),), dtypes, sig[4], sig[5])
+        sig = (op, bop, (repr(raw.get("shapes")),), dtypes, sig[4], sig[5], repr(members), repr(sig[7]))
     return sig
 
 
@@ -53,7 +58,17 @@ def _all_alike(raws) -> bool:
         vals = list(map(_ALIKE, raws))
     except KeyError:
         return False  # a record without one of the fields (another tool's): the careful path below
-    return not vals or vals.count(vals[0]) == len(vals)
+    if vals and vals.count(vals[0]) != len(vals):
+        return False
+    first = next(iter(raws), None)
+    if first is not None and first.get("setup"):   # a group creation: the ranks it asks for too
+        asked = [(r.get("members"), r.get("detail")) for r in raws]
+        return asked.count(asked[0]) == len(asked)
+    return True
+
+
+def _alone(raw: dict, rank: int) -> bool:
+    return raw.get("members") == [rank]
 
 
 def check_collective(snap: Snapshot, group: str, seq: int, at_hand: list[tuple[int, dict]]) -> Mismatch | None:
@@ -93,13 +108,24 @@ def check_collective(snap: Snapshot, group: str, seq: int, at_hand: list[tuple[i
         differs.append("reduce_op")
     if len({s[5] for s in sigs if s[5] is not None}) > 1:
         differs.append("root")
+    if len({s[6] for s in sigs}) > 1:
+        differs.append("members")
+    if len({s[7] for s in sigs}) > 1:
+        differs.append("detail")
     if not differs:
         return None
+    if differs == ["members"] and all(len(rs) == 1 and _alone(records[rs[0]], rs[0]) for rs in by_sig.values()):
+        return None   # each rank made a group of itself alone (new_group([get_rank()])): no two collide
     # Classes: ranks alike in the API op and every differing field.
     classes: dict[str, dict] = {}
     for sig, ranks in by_sig.items():
-        op, bop, shapes, dtypes, redop, root = sig
+        op, bop, shapes, dtypes, redop, root, members, detail = sig
         proj = {"op": op, "backend_op": bop}
+        if records[ranks[0]].get("setup"):   # a group creation: the ranks it asks for say which one
+            proj["backend_op"] = str(records[ranks[0]].get("backend_op") or op)
+            proj["members"] = list(members) if isinstance(members, tuple) else members
+            if detail is not None:
+                proj["detail"] = detail
         if "shapes" in differs:
             proj["shapes"] = [list(s) for s in shapes]
         if "dtypes" in differs:
@@ -108,6 +134,8 @@ def check_collective(snap: Snapshot, group: str, seq: int, at_hand: list[tuple[i
             proj["reduce_op"] = redop
         if "root" in differs:
             proj["root"] = root
+        if "detail" in differs:
+            proj["detail"] = detail
         key = repr(sorted(proj.items()))
         c = classes.setdefault(key, dict(proj, ranks=[]))
         c["ranks"].extend(ranks)

@@ -245,7 +245,7 @@ class RankView:
         # the hang's consequence, and what it waited in is where the hang is.
         self.ended_by: str | None = None
         self._live = [r for r in chosen if r["state"] != FAILED]
-        self.pending = []
+        self.pending: list[Rec] = []
         # failed by the backend's timeout: the snapshot decides whether that ended a hang (the
         # waits stand) or a wait for a rank already gone (failures because of it): Snapshot._timeouts
         self.timed_out = [r for r in self.failed if timed_out(r.get("error"))]
@@ -568,6 +568,8 @@ class Snapshot:
                 members = sorted({to_int(r) for r in g["ranks"]})
                 self.groups[str(name)] = {"name": str(g.get("name", name)), "desc": str(g.get("desc") or ""),
                                           "ranks": members}
+                if g.get("any_of") is True:   # any member ends its waits: a key of the job's store
+                    self.groups[str(name)]["any_of"] = True
             except Exception:
                 continue  # members then inferred from the ranks that mention it
         self._arrivals: dict[str, tuple] = {}
@@ -653,6 +655,11 @@ class Snapshot:
 
     def members(self, name: str) -> list[int]:
         return self.group(name)["ranks"]
+
+    def any_of(self, name: str) -> bool:
+        """Whether any member, not every one, ends a wait in the group (a key of the job's store
+        that some rank sets): such a wait is certain of nothing, and closes no cycle."""
+        return self.group(name).get("any_of") is True
 
     def arrivals(self, name: str):
         """Members sorted by how far they entered the group, once per group."""

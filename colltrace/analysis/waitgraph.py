@@ -24,7 +24,7 @@ class Key:
     """One collective (group, seq) that some ranks are pending in, or one pending p2p op."""
 
     __slots__ = ("name", "group", "seq", "p2p", "waiters", "missing", "unknown", "died_inside", "status", "posted",
-                 "node", "first_entered", "ready_at", "mismatch", "ended", "ended_at")
+                 "node", "first_entered", "ready_at", "mismatch", "ended", "ended_at", "any_of")
 
     def __init__(self, name: str, group: str, seq: int, p2p: bool):
         self.name = name
@@ -43,6 +43,7 @@ class Key:
         self.mismatch: str | None = None
         self.ended: str | None = None   # the backend ended its waiters' wait: "timeout" | "abort"
         self.ended_at = 0.0              # ... when it did (the last waiter's failure or death)
+        self.any_of = False             # any one of its targets ends the wait (a key of the job's store)
 
     @property
     def waits_for_ranks(self) -> bool:
@@ -96,6 +97,7 @@ class WaitGraph:
                     k.ended = r.ended
                     k.ended_at = max(k.ended_at, view.ended_at(r))
         for k in coll.values():
+            k.any_of = snap.any_of(k.group)
             missing, unknown = snap.missing(k.group, k.seq)
             if missing or unknown:
                 here = {w.rank for w in k.waiters}  # they entered it, whatever a stale progress says
@@ -209,6 +211,8 @@ class WaitGraph:
             adj[self.node_rank[rank]] = [k.node for k in ks]
         node_rank = self.node_rank
         for k in self.key_nodes:
+            if k.any_of:
+                continue   # who will end it cannot be told: it closes no cycle, it stalls past the threshold
             t = k.targets()
             adj[k.node] = [node_rank[r] for r in (sorted(set(t)) if len(t) > 1 else t)]
         self.adj = adj

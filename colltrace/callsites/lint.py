@@ -11,6 +11,12 @@ Reads Python sources with the standard `ast` (no torch import) and reports, per 
 - default-group: a collective with no explicit group in a file that makes subgroups or passes an
   explicit group elsewhere: ranks outside the subgroup on another path never join it.
 - collective-in-except: a collective inside an `except` block: only the ranks that raised call it.
+- group-rank-branch: group creation (`new_group`, `new_subgroups`, `split_group`, `init_device_mesh`,
+  `DeviceMesh(...)`) under a rank-dependent `if`, a membership test included (`if rank in ranks:`),
+  that the other branch does not make the same way: torch needs every rank of the job (of a split's
+  parent group) to make every group, members or not, in the same order; it names a group by how many
+  were made before it, so ranks that skip one wait for each other in the next. A
+  `new_group(..., use_local_synchronization=True)` is its members' alone, and is not named.
 
 Precision before recall: only calls through torch.distributed count, a branch that calls the same
 collective on both sides is fine, a membership test (`if rank in ranks:`) with an explicit group is
@@ -35,6 +41,8 @@ RULES = {
     "default-group": "collective with no explicit group next to code that splits the ranks into subgroups: "
                      "ranks busy in another group never join",
     "collective-in-except": "collective in an except block: only the ranks that raised call it",
+    "group-rank-branch": "group creation under a rank-dependent branch: every rank of the job must make every "
+                         "group, members or not, in the same order (torch names groups by their count)",
 }
 _IGNORE = re.compile(r"#\s*colltrace:\s*ignore(?:\[([\w\-, ]+)\])?")
 # names that say "this rank's number" or "am I the main process"
@@ -124,6 +132,10 @@ class _Checker:
         for node in ast.walk(self.sf.tree):
             if isinstance(node, ast.If) and rank_test(node.test):
                 self._exit(node)
+            elif isinstance(node, ast.Call):
+                maker = scan.group_maker(self.sf, node)
+                if maker is not None and not _local_sync(node):
+                    self._maker(node, maker)
         self.out.sort(key=lambda f: (f.line, f.rule))
         return self.out
 
@@ -156,6 +168,24 @@ class _Checker:
             if why:
                 self.add(s.line, "default-group", f"{s.op} on the default group, while {why}: every rank must call it")
 
+    def _maker(self, call: ast.Call, maker: str) -> None:
+        """Group creation under a rank-dependent branch (group-rank-branch)."""
+        for child, parent in self._ancestors(call):
+            if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                return
+            if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test and rank_test(parent.test):
+                other = parent.orelse if child in _as_list(parent.body) else parent.body
+                if _same_call(self.sf, call, _as_list(other)):
+                    continue   # both sides make this very group (with other options)
+                if self._matched_after(parent, None, call):
+                    continue
+                cond = _short(ast.unparse(parent.test))
+                self.add(call.lineno, "group-rank-branch",
+                         f"{maker} runs only where `{cond}` holds; every rank of the job must make every group, "
+                         f"members or not, in the same order (torch names a group by how many came before it), "
+                         f"so the ranks that skip it wait for the others in the next group they make")
+                return
+
     def _subgroups_near(self, s) -> str:
         """Why ranks may be split over groups around this call ("" when nothing says so)."""
         if s.owner:
@@ -174,11 +204,14 @@ class _Checker:
                     return f"{os.path.basename(path)}, imported here, makes subgroups"
         return ""
 
-    def _matched_after(self, ifnode, op) -> bool:
-        """`if is_root: dist.gather(..., lst); return lst` then `dist.gather(...)` for the rest."""
+    def _matched_after(self, ifnode, op, call=None) -> bool:
+        """`if is_root: dist.gather(..., lst); return lst` then `dist.gather(...)` for the rest
+        (call: a group creation, made the same way after the branch)."""
         branch_exit = _exits(_as_list(ifnode.body))
         if branch_exit is None:
             return False
+        if call is not None:
+            return _same_call(self.sf, call, self._following(ifnode))
         return op in _ops(self.sf, self._following(ifnode))
 
     def _following(self, node) -> list:
@@ -224,6 +257,30 @@ class _Checker:
                          f"ranks where `{_short(ast.unparse(ifnode.test))}` holds {word} here; the others then wait "
                          f"in {s.op} at line {s.line}")
                 return
+
+
+def _local_sync(call: ast.Call) -> bool:
+    """new_group(..., use_local_synchronization=True): made by its members alone."""
+    return any(kw.arg == "use_local_synchronization" and not (isinstance(kw.value, ast.Constant) and not kw.value.value)
+               for kw in call.keywords)
+
+
+def _first_arg(call: ast.Call) -> str:
+    """What a group creation asks for, as written: its ranks (first argument or ranks=...)."""
+    for kw in call.keywords:
+        if kw.arg in ("ranks", "mesh", "mesh_shape", "split_ranks", "group_size", "ranks_per_subgroup_list"):
+            return ast.unparse(kw.value)
+    return ast.unparse(call.args[0]) if call.args else ""
+
+
+def _same_call(sf, call: ast.Call, nodes) -> bool:
+    """Whether `nodes` make the group `call` makes: the same maker asked for the same ranks."""
+    maker, asked = scan.group_maker(sf, call), _first_arg(call)
+    for stmt in nodes:
+        for n in ast.walk(stmt):
+            if isinstance(n, ast.Call) and n is not call and scan.group_maker(sf, n) == maker and _first_arg(n) == asked:
+                return True
+    return False
 
 
 _MAKES = re.compile(r"\b(?:new_group|new_subgroups|new_subgroups_by_enumeration|split_group)\s*\(")

@@ -32,6 +32,10 @@ GROUP_KWARGS = ("group", "process_group", "pg")
 # calls that carve rank subsets out of the world explicitly (device meshes cover every rank in
 # each dimension, and programs built on them run the same path everywhere: not counted)
 SUBGROUP_MAKERS = frozenset(("new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group"))
+# calls that make process groups, which every rank of the job (every member of a split's parent)
+# must make, members or not, in the same order: torch names a group by how many were made before it
+GROUP_MAKERS = SUBGROUP_MAKERS | {"init_device_mesh", "DeviceMesh"}
+_MAKER_MODULES = ("torch.distributed", "torch.distributed.distributed_c10d", "torch.distributed.device_mesh")
 
 
 @dataclass
@@ -65,6 +69,8 @@ class SourceFile:
     parents: dict = field(default_factory=dict)   # id(node) -> parent node
     sites: list = field(default_factory=list)
     makes_subgroups: bool = False  # calls new_group / new_subgroups / split_group
+    makers: dict = field(default_factory=dict)   # local name -> group maker, `from torch.distributed import new_group`
+    mesh_names: set = field(default_factory=set)   # names bound to torch.distributed.device_mesh
 
 
 def parse(path: str) -> SourceFile:
@@ -84,6 +90,8 @@ def _bind_imports(sf: SourceFile) -> None:
         if isinstance(node, ast.Import):
             for a in node.names:
                 sf.imports.append((a.name, 0))
+                if a.name == "torch.distributed.device_mesh" and a.asname:
+                    sf.mesh_names.add(a.asname)
                 if a.name == "torch.distributed" and a.asname:
                     sf.dist_names.add(a.asname)
                 elif a.name.split(".")[0] == "torch" and not a.asname:
@@ -101,6 +109,10 @@ def _bind_imports(sf: SourceFile) -> None:
                     sf.dist_names.add(a.asname or a.name)
                 elif mod in ("torch.distributed", "torch.distributed.distributed_c10d") and a.name in GROUP_POS:
                     sf.direct_ops[a.asname or a.name] = a.name
+                if mod in _MAKER_MODULES and a.name in GROUP_MAKERS:
+                    sf.makers[a.asname or a.name] = a.name
+                elif mod == "torch.distributed" and a.name == "device_mesh":
+                    sf.mesh_names.add(a.asname or a.name)
 
 
 def _is_dist(sf: SourceFile, node) -> bool:
@@ -135,6 +147,21 @@ def collective_op(sf: SourceFile, call: ast.Call) -> str | None:
     if isinstance(fn, ast.Name) and fn.id in sf.direct_ops:
         return sf.direct_ops[fn.id]
     return _framework_op(fn)
+
+
+def group_maker(sf: SourceFile, call: ast.Call) -> str | None:
+    """The torch.distributed call that makes process groups (GROUP_MAKERS), or None."""
+    fn = call.func
+    if isinstance(fn, ast.Name):
+        return sf.makers.get(fn.id)
+    if not isinstance(fn, ast.Attribute) or fn.attr not in GROUP_MAKERS:
+        return None
+    owner = fn.value
+    if _is_dist(sf, owner) or (isinstance(owner, ast.Name) and owner.id in sf.mesh_names):
+        return fn.attr
+    if isinstance(owner, ast.Attribute) and owner.attr in ("device_mesh", "distributed_c10d") and _is_dist(sf, owner.value):
+        return fn.attr   # dist.device_mesh.init_device_mesh, torch.distributed.distributed_c10d.new_group
+    return None
 
 
 def _is_none(node) -> bool:

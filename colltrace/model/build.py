@@ -14,6 +14,7 @@ from colltrace.model.schema import (ALIVE, DEAD, ENDED, PENDING, UNKNOWN, UNREAD
 
 SUSPECT_AFTER_S = 0.5   # others have waited this long: fetch the missing rank's live stack
 RECENT_COMPLETED = 4    # completed records per rank sent through the store (pending ones always)
+RECENT_SETUP = 8        # ... and completed group creations (rank/setup.py), which later ones are compared with
 FRAMES_NEAR_USER = 12   # frames kept around the innermost user frame when compacting
 
 
@@ -87,7 +88,8 @@ def host_entry(entry: dict, *, keep_records: int, died_at: float | None, live_st
     e = entry
     recs = e["records"]
     if len(recs) > keep_records:
-        e["records"] = [r for r in recs[:-keep_records] if r["state"] in PENDING] + recs[-keep_records:]
+        # open ones, and the rank's group creations: what a later one is compared with
+        e["records"] = [r for r in recs[:-keep_records] if r["state"] in PENDING or r.get("setup")] + recs[-keep_records:]
     if died_at is not None:
         e["died_at"] = died_at
         settled(e)   # gone: no status will come now
@@ -133,6 +135,8 @@ def groups_of(tables) -> dict[str, dict]:
             have = out.setdefault(g["name"], {"name": g["name"], "desc": g["desc"], "ranks": g["ranks"]})
             if "timeout_s" in g and "timeout_s" not in have:
                 have["timeout_s"] = g["timeout_s"]   # the backend's: its abort ends a wait this long
+            if g.get("any_of"):
+                have["any_of"] = True   # any member ends its waits (a key of the job's store)
     return out
 
 
@@ -247,7 +251,8 @@ def compact_entry(entry: dict) -> dict:
     e = dict(entry)
     recs = e.get("records") or []
     pending = [r for r in recs if r.get("state") in PENDING]
-    done = [r for r in recs if r.get("state") not in PENDING][-RECENT_COMPLETED:]
+    done = [r for r in recs if r.get("state") not in PENDING and not r.get("setup")][-RECENT_COMPLETED:]
+    done += [r for r in recs if r.get("state") not in PENDING and r.get("setup")][-RECENT_SETUP:]
     keep = sorted(pending + done, key=lambda r: (r.get("entered_at") or 0, r.get("id") or 0))
     roots = e.get("roots")
     e["records"] = [dict(r, frames=compact_frames(r.get("frames") or [], roots)) for r in keep]

@@ -32,6 +32,11 @@ RETURNED = "return"       # its program ran to its end (code 0)
 NATIVE_EXIT = "native"    # exit() in native code: no Python ending ran
 INTERRUPTED = "signal"    # Python ended itself with a signal (SIGINT after KeyboardInterrupt)
 RAISED_ERROR = "exception"
+# groups no process group stands for (colltrace/rank/setup.py): the job's group creations, those a
+# group's members make alone ("setup:" + their ranks), the waits on a key of the job's store
+SETUP_GROUP = "setup"
+SETUP_LOCAL = "setup:"
+STORE_WAIT = "store:"
 
 # a rank's state in a finding: a record state, a rank status, or
 NOT_IN_COLLECTIVE = "not_in_collective"   # then its frames are its live stack
@@ -53,6 +58,7 @@ class _GroupBase(TypedDict):
 
 class Group(_GroupBase, total=False):
     timeout_s: float   # the backend's collective timeout: its abort ends a wait this long
+    any_of: bool       # a wait any member ends (a key of the job's store someone sets), not all together
 
 
 class Record(TypedDict, total=False):
@@ -79,6 +85,9 @@ class Record(TypedDict, total=False):
     error: str         # FAILED: the reason, as the backend said it
     unobserved: bool   # nothing reports its completion (a functional collective)
     wait: dict         # a thread parks for it: {"since", "frames" (where it waits), "thread"}
+    setup: bool        # a call that synchronizes ranks without being a collective (group creation, a store wait)
+    members: list      # setup: the ranks it asks for (absent: every rank of its group)
+    detail: str        # setup: what else it asks for (a split, a store key), compared across ranks
 
 
 class Exit(TypedDict, total=False):

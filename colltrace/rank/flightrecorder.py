@@ -15,6 +15,7 @@ reader never import rank/.
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 from colltrace.tracefile import asks
@@ -51,9 +52,11 @@ def _dump(c10d=None) -> list[dict]:
     """Every recorder's entries, each tagged with its backend ("_source"); raises only where no
     recorder could be read (the first reason)."""
     if c10d is None:
-        import torch
-
-        c10d = torch._C._distributed_c10d
+        # never imported here: a rank seen before it imports torch (rank/early.py) has no recorder
+        # of torch's to read, and importing it from this thread would change what the program does
+        c10d = sys.modules.get("torch._C._distributed_c10d")
+        if c10d is None:
+            raise RuntimeError("torch.distributed is not imported in this rank yet")
     out: list[dict] = []
     errors = []
     read = 0

@@ -50,11 +50,20 @@ def store_address(store) -> tuple[str, int] | None:
         return None
 
 
-def job_id(store=None, environ=os.environ) -> str:
-    """run id @ store. Without a run id that names the job, the launcher's pid is added after
-    HOST_PART: it tells apart jobs run one after another on the same port, on one host."""
+def env_store_id(environ=os.environ) -> str | None:
+    """store_id of the store torchrun's worker will meet its job in (env://: MASTER_ADDR:MASTER_PORT,
+    the agent's own store or one rank 0 serves there), known before init_process_group makes it."""
+    addr, port = environ.get("MASTER_ADDR", "").strip(), environ.get("MASTER_PORT", "").strip()
+    return f"tcp:{addr}:{port}" if addr and port.isdigit() else None
+
+
+def job_id(store=None, environ=os.environ, where: str | None = None) -> str:
+    """run id @ store (where: the store's id, known without it). Without a run id that names the
+    job, the launcher's pid is added after HOST_PART: it tells apart jobs run one after another on
+    the same port, on one host."""
     run = environ.get("TORCHELASTIC_RUN_ID") or ""
-    where = store_id(store) if store is not None else f"port{environ.get('MASTER_PORT', '')}"
+    if where is None:
+        where = store_id(store) if store is not None else f"port{environ.get('MASTER_PORT', '')}"
     if run and run != "none":
         return f"{run}@{where}"
     return f"{run or 'job'}@{where}{HOST_PART}{os.getppid()}"

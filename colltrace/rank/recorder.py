@@ -133,7 +133,11 @@ class Recorder:
         self.settings = settings
         self.rank = rank
         self.pid = os.getpid()   # a forked child (a DataLoader worker) writes nothing of its ending here
+        self.world_size = world_size
         self.job = job or job_id()
+        # the job's store as identity.store_id says it ("tcp:HOST:PORT"): the store whose lasting
+        # waits are recorded (rank/setup.py); set where it is known, before or at init_process_group
+        self.store_id: str | None = None
         self.disabled = False
         d = settings.dir
         self.ring = None
@@ -167,7 +171,17 @@ class Recorder:
         self._stacks: dict = {}
         self._sigs: dict = {}
         self._threads: dict = {}
+        # Interning's slow path (a new stack, signature, thread, group): the poller interns too,
+        # for the store waits it records (watched below), while the program's threads do.
+        self._intern = threading.RLock()
         self.groups: dict = {}          # id(process group) -> GroupState
+        self._virtual: dict = {}        # name -> GroupState of a group no process group stands for (rank/setup.py)
+        # Store waits in progress, thread ident -> [store, keys, op, frame, t0, ctx]: the poller records
+        # the ones that last (ctx: their record, or False for a store that is not the job's).
+        self.watched: dict = {}
+        self.watch_lock = threading.Lock()
+        self.lasting_s = min(1.0, settings.stall_s / 2)
+        self.lasting = None   # fn(recorder, ident, item) -> the wait's record: set by rank/setup.py
         self._untraced_groups = weakref.WeakSet()   # groups that could not be described
         self._group_ids = itertools.count(1)
         self._rec_ids = fastpath.counter(1, settings)
@@ -371,7 +385,8 @@ class Recorder:
         key = tuple(key)
         sid = self._stacks.get(key)
         if sid is None:
-            sid = self._new_stack(key, frame)
+            with self._intern:
+                sid = self._stacks.get(key) or self._new_stack(key, frame)
         return sid
 
     def _new_stack(self, key, frame) -> int:
@@ -399,6 +414,14 @@ class Recorder:
     def sig_id(self, key: tuple) -> int:
         sid = self._sigs.get(key)
         if sid is None:
+            return self._new_sig(key)
+        return sid
+
+    def _new_sig(self, key: tuple) -> int:
+        with self._intern:
+            sid = self._sigs.get(key)
+            if sid is not None:
+                return sid
             op, backend_op, gid, shapes, dtypes, redop, root, peer, is_async = key
             sid = len(self._sigs) + 1
             if not self.defs.write({"k": "sig", "id": sid, "op": op, "backend_op": backend_op, "group": gid,
@@ -408,13 +431,19 @@ class Recorder:
             self._sigs[key] = sid
         return sid
 
-    def thread_id(self) -> int:
-        ident = threading.get_ident()
+    def thread_id(self, ident: int | None = None) -> int:
+        """The number of this thread (or of the thread `ident`), its name written once."""
+        ident = threading.get_ident() if ident is None else ident
         tid = self._threads.get(ident)
         if tid is None:
-            tid = len(self._threads) + 1
-            self.defs.write({"k": "thread", "id": tid, "name": threading.current_thread().name})
-            self._threads[ident] = tid
+            with self._intern:
+                tid = self._threads.get(ident)
+                if tid is None:
+                    t = (threading.current_thread() if ident == threading.get_ident()
+                         else threading._active.get(ident))   # type: ignore[attr-defined]
+                    tid = len(self._threads) + 1
+                    self.defs.write({"k": "thread", "id": tid, "name": t.name if t is not None else f"thread-{ident}"})
+                    self._threads[ident] = tid
         return tid
 
     def group_state(self, pg, describe, quiet: bool = False) -> GroupState | None:
@@ -497,6 +526,72 @@ class Recorder:
             for lane in (gs.lanes or {}).values():
                 out[(gs.name, lane.backend)] = lane.name
         return out
+    # ---- calls that synchronize ranks without being collectives (rank/setup.py) ------------
+    def virtual_group(self, name: str, desc: str, ranks, any_of: bool = False) -> GroupState:
+        """A group no process group stands for, numbered by the calls this rank makes in it: the
+        job's group creations, those of a group's members alone, the waits on one key of the job's
+        store (any_of: any member may end the wait, by setting the key)."""
+        gs = self._virtual.get(name)
+        if gs is None:
+            with self._intern:
+                gs = self._virtual.get(name)
+                if gs is None:
+                    gs = GroupState(next(self._group_ids), None, name, list(ranks), "setup", None)
+                    gs.last_after = 0   # the calls made in it so far
+                    line = {"k": "group", "id": gs.id, "name": name, "desc": desc, "ranks": gs.ranks, "backend": "setup"}
+                    if any_of:
+                        line["any_of"] = True
+                    self.defs.write(line)
+                    self._virtual[name] = gs
+        return gs
+
+    def setup_sig(self, op: str, backend_op: str, gs: GroupState, members, detail) -> int:
+        """The signature of a setup call: what it asks for (its ranks, its structure) is compared
+        across the ranks that make it at one number, as a collective's tensors are."""
+        key = ("setup", op, backend_op, gs.id, members, detail)
+        sid = self._sigs.get(key)
+        if sid is None:
+            with self._intern:
+                sid = self._sigs.get(key)
+                if sid is None:
+                    sid = len(self._sigs) + 1
+                    line = {"k": "sig", "id": sid, "op": op, "backend_op": backend_op, "group": gs.id, "shapes": [],
+                            "dtypes": [], "reduce_op": None, "root": -1, "peer": -1, "async": False, "setup": True}
+                    if members is not None:
+                        line["members"] = list(members)
+                    if detail is not None:
+                        line["detail"] = detail
+                    if not self.defs.write(line):
+                        return 0
+                    self._sigs[key] = sid
+        return sid
+
+    def setup_enter(self, gs: GroupState, seq: int, sig: int, frame, t: float | None = None,
+                    ident: int | None = None):
+        """ENTER of a setup call numbered `seq` in its virtual group (t, ident: when and on which
+        thread it began, for a wait the poller records once it lasts)."""
+        rec = next(self._rec_ids)
+        self.ring.write(ENTER, 0, gs.id, sig, self.stack_id(frame), self.thread_id(ident), 0, seq, -1,
+                        _time() if t is None else t, rec)
+        return rec, gs, seq
+
+    def setup_return(self, ctx) -> None:
+        rec, gs, seq = ctx
+        self.ring.write(RETURN, F_DONE, gs.id, 0, 0, 0, 0, seq, seq, _time(), rec)
+
+    def setup_fail(self, ctx, exc: BaseException) -> None:
+        rec, gs, seq = ctx
+        self._failed(rec, gs.id, seq, type(exc).__name__, str(exc))
+
+    def _record_lasting(self, now: float, lasting) -> None:
+        """Store waits that have lasted `lasting_s`, on the job's store: recorded (ENTER at their
+        start) by rank/setup.py's lasting(); the program's thread writes their end."""
+        for ident, item in list(self.watched.items()):
+            if item[5] is not None or now - item[4] < self.lasting_s:
+                continue
+            with self.watch_lock:
+                if self.watched.get(ident) is item and item[5] is None:
+                    item[5] = lasting(self, ident, item) or False
 
     # ---- events ----------------------------------------------------------------------
     def enter(self, gs: GroupState, sig: int, frame, flags: int, seq_hint_p2p=None, peer: int = -1, digest: int = 0):
@@ -611,8 +706,11 @@ class Recorder:
         period = self.settings.poll_s
         while not self._stop.wait(period):
             try:
-                self.ring.heartbeat(_time())
+                now = _time()
+                self.ring.heartbeat(now)
                 self._drain_all()
+                if self.watched and self.lasting is not None:
+                    self._record_lasting(now, self.lasting)
                 self._answer_fr()              # a watchdog's request for the Flight Recorder
                 self._stack_responder.poll()   # a watchdog's request for this rank's stacks
                 self._sampler.poll()           # ... for samples of its stack (a straggler)

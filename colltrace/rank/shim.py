@@ -16,7 +16,7 @@ import sys
 import threading
 
 from colltrace import config
-from colltrace.rank import calls, cudamarks, exits, fastpath, hooks
+from colltrace.rank import calls, cudamarks, early, exits, fastpath, hooks, setup
 from colltrace.rank.calls import (BACKEND_OVERRIDES, cuda_device, describe_tensors, device_type, given_root,
                                   input_digest, param_getter, redop_name, to_global)
 from colltrace.rank.cudamarks import CAPTURED
@@ -78,7 +78,7 @@ FUNCOL_OPS = {
 }
 
 _lock = threading.RLock()
-_state = {"installed": False, "settings": None, "originals": {}, "recorder": None, "funcol": False}
+_state = {"installed": False, "settings": None, "originals": {}, "recorder": None, "funcol": False, "joined": False}
 recorder = None  # the live Recorder; read by every wrapper
 _c10d = None
 _NON_MEMBER = object()
@@ -522,27 +522,37 @@ def _is_cpu_tensor(t) -> bool:
 # ---- process groups and the recorder's life ------------------------------------------------
 
 def _ensure_recorder():
-    """Create this rank's recorder once the default group exists."""
+    """Join this rank's recorder to the default group once it exists: the one made before it (the
+    start-up hook's, or init_process_group's own: _before_init), else a new one."""
     global recorder
-    if recorder is not None or _state["recorder"] == "failed":
+    if _state["joined"] or _state["recorder"] == "failed":
         return recorder
     with _lock:
-        if recorder is not None:
+        if _state["joined"] or _state["recorder"] == "failed":
             return recorder
         try:
             c10d = _c10d
             if not c10d.is_initialized():
                 return None
-            from colltrace.rank.recorder import Recorder, job_id
-
             settings = _state["settings"]
             pg = c10d._get_default_group()
             try:   # the job's own store tells this job from the others (colltrace.rank.identity)
                 store = c10d._world.pg_map[pg][1]
             except Exception:
                 store = None
-            rec = Recorder(settings, c10d.get_rank(), c10d.get_world_size(), str(c10d.get_backend(pg)),
-                           job=job_id(store=store))
+            rec = recorder
+            if rec is not None and (rec.rank, rec.world_size) != (c10d.get_rank(), c10d.get_world_size()):
+                # the environment said another rank than init_process_group: what was traced is wrong
+                rec.disable(f"init_process_group made this rank {c10d.get_rank()} of {c10d.get_world_size()}, "
+                            f"not {rec.rank} of {rec.world_size}")
+                raise RuntimeError(f"RANK/WORLD_SIZE said rank {rec.rank} of {rec.world_size}, init_process_group "
+                                   f"{c10d.get_rank()} of {c10d.get_world_size()}")
+            if rec is None:
+                rec = _new_recorder(c10d.get_rank(), c10d.get_world_size(), store, str(c10d.get_backend(pg)))
+            if store is not None:
+                from colltrace.rank import identity
+
+                rec.store_id = identity.store_id(store)
             rec.group_state(pg, first_sight)
             for other in list(c10d._world.pg_names):
                 if other is not pg and other is not None:
@@ -558,6 +568,7 @@ def _ensure_recorder():
             recorder = rec
             _state["recorder"] = rec
             cudamarks.watch_captures()   # again: a torch that imports torch.cuda after torch.distributed
+            _state["joined"] = True
             if settings.batches:
                 from colltrace.rank import batches
 
@@ -573,6 +584,7 @@ def _ensure_recorder():
             launcher.ensure_watchdog(settings, rec, store)
         except Exception as exc:
             _state["recorder"] = "failed"
+            recorder = None
             from colltrace.tracefile import storage
 
             if isinstance(exc, storage.StorageError):   # a full trace folder: one warning, the job goes on
@@ -580,6 +592,50 @@ def _ensure_recorder():
             else:
                 sys.stderr.write(f"colltrace: tracing disabled on this process, could not start: {exc!r}\n")
         return recorder
+
+
+def _new_recorder(rank: int, world: int, store, backend: str = ""):
+    from colltrace.rank.recorder import Recorder, job_id
+
+    rec = Recorder(_state["settings"], rank, world, backend, job=job_id(store=store))
+    rec.lasting = setup.lasting   # the store waits that last are recorded
+    if store is not None:
+        from colltrace.rank import identity
+
+        rec.store_id = identity.store_id(store)
+    return rec
+
+
+def _before_init(args, kwargs):
+    """The recorder before init_process_group runs (its rendezvous is then seen, and a wait in it):
+    the one in use, else one made now where the call names this rank, the job's size and its store
+    (the job's identity); None: it is made once the default group exists."""
+    global recorder
+    if recorder is not None or _state["recorder"] == "failed" or _state["joined"]:
+        return recorder
+    with _lock:
+        if recorder is not None:
+            return recorder
+        store, rank, world = _init_store(args, kwargs), _init_rank(args, kwargs), _init_world(args, kwargs)
+        if store is None or not isinstance(rank, int) or not isinstance(world, int) or not 0 <= rank < world:
+            return None
+        try:
+            rec = _new_recorder(rank, world, store)
+        except Exception as exc:
+            _state["recorder"] = "failed"
+            from colltrace.tracefile import storage
+
+            if isinstance(exc, storage.StorageError):
+                sys.stderr.write(f"colltrace: warning: {exc}\n")
+            else:
+                sys.stderr.write(f"colltrace: tracing disabled on this process, could not start: {exc!r}\n")
+            return None
+        recorder = rec
+        _state["recorder"] = rec
+        from colltrace.rank import launcher
+
+        launcher.ensure_watchdog(_state["settings"], rec, store)
+        return rec
 
 
 def _make_group_hook(orig):
@@ -624,14 +680,16 @@ def _make_destroy_hook(orig):
 
 
 def _make_init_hook(orig):
-    @functools.wraps(orig)
-    def wrapper(*args, **kwargs):
-        result = orig(*args, **kwargs)
-        _ensure_recorder()
-        return result
+    """init_process_group: recorded as the job's first group creation (rank/setup.py) where the
+    recorder exists before it; the recorder joins the default group after it."""
+    global _init_store, _init_rank, _init_world
+    sig = inspect.signature(orig)
+    _init_store, _init_rank, _init_world = (param_getter(sig, "store"), param_getter(sig, "rank"),
+                                            param_getter(sig, "world_size"))
+    return setup.wrap_init(orig, _before_init, _ensure_recorder)
 
-    wrapper.__colltrace_original__ = orig
-    return wrapper
+
+_init_store = _init_rank = _init_world = lambda args, kwargs: None
 
 
 def _check_op_accepting_originals(orig_check):
@@ -699,6 +757,10 @@ def install() -> bool:
         patch("_register_pg_in_world", _make_group_hook)
         patch("destroy_process_group", _make_destroy_hook)
         patch("_check_op", _check_op_accepting_originals)
+        replacements.update(setup.install(c10d, sys.modules[__name__]))
+        global recorder
+        if recorder is None and _state["recorder"] is None and early.recorder() is not None:
+            recorder = _state["recorder"] = early.recorder()   # the start-up hook's: this rank before it joins
         work = getattr(c10d, "Work", None)
         wait = getattr(work, "wait", None)
         if wait is not None and not hasattr(wait, "__colltrace_original__"):
@@ -749,6 +811,9 @@ def _install_funcol():
         originals["funcol." + name] = orig
         setattr(funcol, name, new)
         replacements[id(orig)] = (orig, new)
+    mesh = sys.modules.get("torch.distributed.device_mesh")
+    if mesh is not None:   # its group creations named by the API the program called (rank/setup.py)
+        replacements.update(setup.install_mesh(mesh))
     # AsyncCollectiveTensor waits through this module-level function (trigger_wait, wait)
     orig = getattr(funcol, "wait_tensor", None)
     if orig is not None and not hasattr(orig, "__colltrace_original__"):
@@ -791,6 +856,7 @@ def uninstall() -> None:
         _sweep(reverse)
         hooks.detach_all()
         cudamarks.unwatch_captures()
+        setup.uninstall()
         from colltrace.rank import batches
 
         batches.uninstall()
@@ -802,6 +868,7 @@ def uninstall() -> None:
         recorder = None
         exits.uninstall()
         _state["recorder"] = None
+        _state["joined"] = False
 
 
 def is_installed() -> bool:

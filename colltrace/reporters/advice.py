@@ -7,8 +7,9 @@ import os
 from colltrace.model.finding import Deadlock, DeadRank, DuplicateData, Finding, Mismatch, Stall, UnmatchedP2P
 from colltrace.model.schema import EXIT_CALLS, EXITED, UNKNOWN, UNREADABLE
 from colltrace.words import and_list, rank_word
-from colltrace.reporters.phrases import (PENDING_STATES, capitalized, exit_text, first_line, it_word, its_word,
-                                         sample_entry, verb_for)
+from colltrace.reporters.phrases import (PENDING_STATES, call_at, capitalized, exit_text, first_line, it_word,
+                                         its_word, number_phrase, op_phrase, sample_entry, setup_kind, store_key,
+                                         verb_for)
 from colltrace.reporters.locations import call_site, classes, exit_location, locations_text, user_location, where
 
 
@@ -33,7 +34,7 @@ def _advice_mismatch(f: Mismatch, look: dict) -> str:
         sides = [f"{rank_word(c['ranks'])} {verb_for(c['ranks'], 'calls', 'call')} {c.get('op')} at "
                  f"{call_site((table.get(str(sorted(c['ranks'])[0])) or {}).get('frames')) or 'an unknown place'}"
                  for c in cls]
-        return (f"Look first at both sides of collective #{seq} on group {g}: " + "; ".join(sides) +
+        return (f"Look first at both sides of {number_phrase(g, seq)}: " + "; ".join(sides) +
                 ". Neither the job's history nor a majority tells which side left the pattern.")
     odd = set(look.get("ranks") or [])
     mine = next((c for c in cls if set(c["ranks"]) == odd), None) or {"ranks": sorted(odd), "op": "?"}
@@ -48,8 +49,8 @@ def _advice_mismatch(f: Mismatch, look: dict) -> str:
     else:
         fields = and_list([d.replace("_", " ") for d in f.differs or ["?"]])
         what = f"{mine.get('op')} with different {fields} than {them}{at}"
-    return (f"Look first at {loc}: {who} {verb_for(mine['ranks'], 'calls', 'call')} {what}, as collective #{seq} on "
-            f"group {g}." + _history_clause(dict(look, ranks=mine["ranks"], versus=look.get("versus") or other["ranks"])))
+    return (f"Look first at {loc}: {who} {verb_for(mine['ranks'], 'calls', 'call')} {what}, as {number_phrase(g, seq)}."
+            + _history_clause(dict(look, ranks=mine["ranks"], versus=look.get("versus") or other["ranks"])))
 
 
 _ONE_RANK = ("while the other ranks went on to collectives it never joins: take that decision on every rank "
@@ -113,9 +114,14 @@ def _advice_deadlock(f: Deadlock, look: dict) -> str:
         text = (f"Look first at {loc}: rank {look.get('rank')}'s {first.get('op')} with rank {peer} is never matched, "
                 f"because rank {peer} waits in {others[0]['op'] if others else 'something else'} itself.")
     else:
-        instead = f" (waiting in {others[0]['op']} on group {others[0]['group']} instead)" if others else ""
-        text = (f"Look first at {loc}: {first.get('op')} on group {first.get('group')} is a collective that "
-                f"{rank_word(missing)} never {verb_for(missing, 'calls', 'call')}{instead}.")
+        instead = (f" (waiting in {call_at(others[0]['op'], others[0].get('seq'), others[0]['group'])} instead)"
+                   if others else "")
+        if setup_kind(first.get("group")):
+            text = (f"Look first at {loc}: {call_at(first.get('op'), first.get('seq'), first.get('group'))} is a call "
+                    f"that {rank_word(missing)} never {verb_for(missing, 'makes', 'make')}{instead}.")
+        else:
+            text = (f"Look first at {loc}: {first.get('op')} on group {first.get('group')} is a collective that "
+                    f"{rank_word(missing)} never {verb_for(missing, 'calls', 'call')}{instead}.")
     return text + _history_clause(dict(look, ranks=waiting, versus=missing))
 
 
@@ -148,6 +154,12 @@ def _advice_stall(f: Stall, look: dict) -> str:
                 f"on group {g} at {locations_text(f, late)}: a kernel that does not finish (or runs long) holds the "
                 f"stream, and the collective behind it never starts.")
     goal = f"{op} #{seq} on group {g}"
+    goal = op_phrase(f, sample) if setup_kind(g) else f"{op} #{seq} on group {g}"
+    if why == "store_key":
+        rs = look.get("ranks") or waiting
+        return (f"Look first at {where(table.get(str(look.get('rank'))) or sample)}, where {rank_word(rs)} "
+                f"{verb_for(rs, 'waits', 'wait')} for key {store_key(g, sample)!r} of the job's store: which rank was "
+                f"to set it, and why it has not (where each other rank is, above).")
     if why in ("left", "new"):
         rs, vs = look.get("ranks") or waiting, look.get("versus") or []
         loc = call_site((table.get(str(look.get("rank"))) or {}).get("frames")) or "the call"

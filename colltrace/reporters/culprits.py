@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from colltrace.analysis.culprits import Explanation, Reason, Where
-from colltrace.reporters.phrases import capitalized
+from colltrace.reporters.phrases import call_at, capitalized
 from colltrace.words import and_list, rank_word, short_ranks
 
 
@@ -14,14 +14,14 @@ def _at(w: Where | None) -> str:
     """"all_reduce #3 on group dp" ("#3 on group dp" where no rank said the op)."""
     if w is None:
         return "a collective"
-    return f"{w.op + ' ' if w.op else ''}#{w.seq} on group {w.group}"
+    return call_at(w.op, w.seq, w.group)
 
 
 def reason_text(r: Reason) -> str:
     """The reason as the rest of a sentence whose subject is the culprit: "never entered ..."."""
     if r.what == "odd_op":
         seq, group = (r.at.seq, r.at.group) if r.at else (None, None)
-        return f"called {r.op} where {rank_word(list(r.ranks))} called {r.other_op}, as #{seq} on group {group}"
+        return f"called {r.op} where {rank_word(list(r.ranks))} called {r.other_op}, as {call_at(None, seq, group)}"
     if r.what == "odd_args":
         differs = [d.replace("_", " ") for d in r.differs]
         return f"called {_at(r.at)} with different {and_list(differs) or 'arguments'} than the other members"
@@ -35,11 +35,11 @@ def reason_text(r: Reason) -> str:
         return f"exited with code {r.code}" + (f" ({how})" if how else "") + " while the others still needed it"
     if r.what == "cycle":
         a = r.at or Where(None, None, None)
-        text = f"waited in {a.op} #{a.seq} on group {a.group}"
+        text = f"waited in {call_at(a.op, a.seq, a.group)}"
         if r.ranks:
             text += f", which {rank_word(list(r.ranks))} never called"
             if r.instead:
-                text += f" (waiting in {r.instead.op} #{r.instead.seq} on group {r.instead.group} instead)"
+                text += f" (waiting in {call_at(r.instead.op, r.instead.seq, r.instead.group)} instead)"
         return text + ": a wait cycle"
     if r.what == "never_posted":
         return f"never posted the op matching rank {r.rank}'s {r.op}"

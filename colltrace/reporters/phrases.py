@@ -6,7 +6,8 @@ import re
 import time
 
 from colltrace.model.finding import Finding, Mismatch, Stall
-from colltrace.model.schema import EXIT_CALLS, EXITED, INTERRUPTED, NATIVE_EXIT, RAISED, RETURNED
+from colltrace.model.schema import (EXIT_CALLS, EXITED, INTERRUPTED, NATIVE_EXIT, RAISED, RETURNED, SETUP_GROUP,
+                                    SETUP_LOCAL, STORE_WAIT)
 from colltrace.words import group_label, rank_word, sorted_ranks
 
 
@@ -45,8 +46,74 @@ def direction_word(e: dict) -> str:
     return "to" if backend == "send" or op in ("send", "isend", "send_object_list") else "from"
 
 
+def setup_kind(group) -> str | None:
+    """A group no process group stands for (colltrace/rank/setup.py): "job" (the job's group
+    creations), "local" (a group's members alone), "store" (waits on a key of the job's store)."""
+    g = str(group)
+    if g == SETUP_GROUP:
+        return "job"
+    if g.startswith(SETUP_LOCAL):
+        return "local"
+    if g.startswith(STORE_WAIT):
+        return "store"
+    return None
+
+
+def store_key(group, e: dict | None = None) -> str:
+    """The key a store wait waits for: its record's, else its group's name."""
+    key = (e or {}).get("detail")
+    return str(key) if key is not None else str(group)[len(STORE_WAIT):]
+
+
+def number_phrase(group, seq) -> str:
+    """"collective #3 on group 0", "group creation #3 of the job", "group creation #1 among ranks
+    0-1", "wait #1 for key 'ready' of the job's store"."""
+    kind = setup_kind(group)
+    if kind == "job":
+        return f"group creation #{seq} of the job"
+    if kind == "local":
+        return f"group creation #{seq} among ranks {str(group)[len(SETUP_LOCAL):]}"
+    if kind == "store":
+        return f"wait #{seq} for key {store_key(group)!r} of the job's store"
+    return f"collective #{seq} on group {group}"
+
+
+def call_at(op, seq, group) -> str:
+    """"all_reduce #3 on group dp", "new_group #3 (a group creation)", "store.get('ready')"."""
+    kind = setup_kind(group)
+    if kind == "store":
+        return f"{op or 'store wait'}({store_key(group)!r})"
+    if kind == "job":
+        return f"{op + ' ' if op else ''}#{seq} (a group creation)"
+    if kind == "local":
+        return f"{op + ' ' if op else ''}#{seq} (a group creation among ranks {str(group)[len(SETUP_LOCAL):]})"
+    return f"{op + ' ' if op else ''}#{seq} on group {group}"
+
+
+def setup_phrase(finding: Finding, e: dict) -> str:
+    """"new_group #3 (ranks 0-3)", "init_device_mesh #2 (its new_group of ranks 0-1)", "new_group #1
+    among ranks 0-1 alone (ranks 0-1)", "store.get('ready') on the job's store"."""
+    op, seq, group = e.get("op") or "?", e.get("seq"), e.get("group")
+    kind = setup_kind(group)
+    if kind == "store":
+        again = f" (its wait #{seq} for it)" if isinstance(seq, int) and seq > 1 else ""
+        return f"{op}({store_key(group, e)!r}) on the job's store{again}"
+    g = _group(finding, group) or {}
+    asked = e.get("members") if isinstance(e.get("members"), list) else g.get("ranks")
+    what = rank_word(asked) if asked else ""
+    bop = e.get("backend_op")
+    if bop and bop != op:
+        what = f"its {bop} of {what}" if what else f"its {bop}"
+    if e.get("detail") is not None:
+        what += (", " if what else "") + str(e["detail"])
+    among = f" among {rank_word(g.get('ranks'))} alone" if kind == "local" and g.get("ranks") else ""
+    return f"{op} #{seq}{among} ({what})" if what else f"{op} #{seq}{among}"
+
+
 def op_phrase(finding: Finding, e: dict, full_group: bool = True) -> str:
     """"barrier #5 on group 0 (default_pg, ranks 0-7)" or "recv from rank 3 (#2 between them) on group 0"."""
+    if e.get("setup"):
+        return setup_phrase(finding, e)
     op = e.get("op") or "?"
     grp = group_phrase(finding, e.get("group")) if full_group else f"group {e.get('group')}"
     if e.get("p2p") and e.get("peer") is not None:

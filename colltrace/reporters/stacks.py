@@ -5,7 +5,7 @@ from colltrace.model.finding import Finding
 from colltrace.model.schema import DEAD, EXITED, FAILED, NOT_IN_COLLECTIVE, UNKNOWN, UNREADABLE
 from colltrace.origins import is_wrapper, user_frames
 from colltrace.words import frame_text, rank_word
-from colltrace.reporters.phrases import PENDING_STATES, direction_word, exit_text
+from colltrace.reporters.phrases import PENDING_STATES, call_at, direction_word, exit_text
 from colltrace.reporters.locations import FramesMemo, api_text, innermost_user, user_location, via_frame
 
 
@@ -37,7 +37,7 @@ def _stack_tail(e: dict) -> str:
         if e.get("p2p") and e.get("peer") is not None:
             tail = f"{e['op']} {direction_word(e)} rank {e['peer']} (#{e.get('seq')}) on group {e.get('group')}"
         else:
-            tail = f"{e['op']} #{e.get('seq')} on group {e.get('group')}"
+            tail = call_at(e["op"], e.get("seq"), e.get("group"))
         if state == FAILED:
             tail += " (failed)"
     elif state == NOT_IN_COLLECTIVE:

@@ -21,8 +21,9 @@ from colltrace.model.finding import (Deadlock, DeadRank, DuplicateData, Finding,
 from colltrace.model.schema import DEAD, EXIT_CALLS, EXITED, INTERRUPTED, UNKNOWN, UNREADABLE
 from colltrace.words import and_list, frame_text_of, group_label, rank_word, sorted_ranks
 from colltrace.reporters.phrases import (PENDING_STATES, behind_clause, capitalized, clock, died_since, exit_text,
-                                         first_line, group_phrase, natural_key, op_phrase, sample_entry, seconds,
-                                         shape_text, untraced_clause, verb_for, who_phrase)
+                                         first_line, group_phrase, natural_key, number_phrase, op_phrase, sample_entry,
+                                         seconds, setup_kind, shape_text, untraced_clause, verb_for,
+                                         who_phrase)
 from colltrace.reporters.locations import classes, exit_location, locations_text, user_location, where
 from colltrace.reporters.stacks import render_stack_classes
 from colltrace.reporters.activity import activity_clause
@@ -106,8 +107,21 @@ def _unreadable(finding: Finding) -> str:
     return f" Could not read {rank_word(u)}: the analysis did not see {verb_for(u, 'it', 'them')}." if u else ""
 
 
+def _setup_call_text(c: dict) -> str:
+    """One class of a group creation's mismatch: "new_group of ranks 0-1", "DeviceMesh (its new_group
+    of rank 0)"."""
+    op, bop = str(c.get("op") or "?"), c.get("backend_op")
+    asked = f"of {rank_word(c['members'])}" if c.get("members") else "of every rank"
+    text = f"{op} {asked}" if not bop or bop == op else f"{op} (its {bop} {asked})"
+    if c.get("detail") is not None:
+        text += f" ({c['detail']})"
+    return text
+
+
 def _call_text(c: dict) -> str:
     """One mismatch class: "all_gather_object (allgather) with shape 4x8, bfloat16"."""
+    if "members" in c:
+        return _setup_call_text(c)
     op = str(c.get("op") or "?")
     backend = c.get("backend_op")
     text = op
@@ -128,13 +142,21 @@ def _call_text(c: dict) -> str:
     return text
 
 
+_DIFFERS = {"members": "the ranks asked for", "detail": "what they asked for"}
+
+
 def _mismatch(f: Mismatch) -> str:
     g = f.group.get("name")
     parts = [f"{rank_word(c.get('ranks'))} called {_call_text(c)} at {locations_text(f, c.get('ranks'))}"
              for c in f.classes]
-    differs = [d.replace("_", " ") for d in f.differs or ["?"]]
-    text = (f"Mismatch: collective #{f.seq} on {group_phrase(f, g)} is not the same call on every rank: "
-            + "; ".join(parts) + f". They differ in {and_list(differs)}.")
+    differs = [_DIFFERS.get(d, d.replace("_", " ")) for d in f.differs or ["?"]]
+    where = group_phrase(f, g) if setup_kind(g) is None else None
+    text = (f"Mismatch: {f'collective #{f.seq} on {where}' if where else number_phrase(g, f.seq)} is not the same "
+            f"call on every rank: " + "; ".join(parts) + f". They differ in {and_list(differs)}.")
+    if setup_kind(g) == "job":
+        text += (" torch needs every rank of the job to make the same groups in the same order, members or not: it "
+                 "names a group by how many were made before it, and ranks that part here wait for each other in "
+                 "the next group they make.")
     m = f.missing_ranks
     if m:
         text += f" {capitalized(rank_word(m))} {verb_for(m, 'has', 'have')} not reached it yet."
@@ -152,7 +174,13 @@ def _deadlock(f: Deadlock) -> str:
             clauses.append(_waiters_clause(f, waiting) + f" for {rank_word(missing)}, which "
                                                          f"{verb_for(missing, 'has', 'have')} not entered it")
     groups = sorted({str(i.get("group")) for i in f.cycle}, key=natural_key)
-    head = f"Deadlock across groups {and_list(groups)}: " if len(groups) > 1 else f"Deadlock on group {and_list(groups or ['?'])}: "
+    if any(setup_kind(g) for g in groups):   # a group creation or a store wait in the cycle
+        named = [f"group {g}" if setup_kind(g) is None else number_phrase(g, next(
+            i.get("seq") for i in f.cycle if str(i.get("group")) == g)) for g in groups]
+        head = f"Deadlock across {and_list(named)}: "
+    else:
+        head = (f"Deadlock across groups {and_list(groups)}: " if len(groups) > 1
+                else f"Deadlock on group {and_list(groups or ['?'])}: ")
     text = head + ": ".join(clauses) + (f". Nobody in this cycle can proceed (the longest has waited "
                                         f"{seconds(f.waited_s)}).")
     dead = [int(r) for r, e in f.ranks.items() if e.get("state") in (DEAD, EXITED)]
@@ -197,8 +225,13 @@ def _stall(f: Stall) -> str:
         return text + untraced_clause(f) + behind_clause(f)
     missing = f.missing_ranks + (f.unknown_ranks or [])
     instead = _missing_text(f, missing)
-    text = (f"Stall: {_waiters_clause(f, waiting, f'has waited {waited}', f'have waited {waited}')}"
-            f" for {rank_word(missing)}, which {verb_for(missing, 'has', 'have')} not entered it. {capitalized(instead)}.")
+    if setup_kind(g) == "store":   # any rank may set the key: where each other rank is instead
+        text = (f"Stall: {_waiters_clause(f, waiting, f'has waited {waited}', f'have waited {waited}')}"
+                f" for a key no rank has set. {capitalized(instead)}.")
+    else:
+        text = (f"Stall: {_waiters_clause(f, waiting, f'has waited {waited}', f'have waited {waited}')}"
+                f" for {rank_word(missing)}, which {verb_for(missing, 'has', 'have')} not entered it. "
+                f"{capitalized(instead)}.")
     dead = [r for r in waiting if (table.get(str(r)) or {}).get("state") in (DEAD, EXITED)]
     text += died_since(f, dead, ", still waiting")
     text += activity_clause(f, missing)
@@ -242,8 +275,9 @@ def _dead_rank(f: DeadRank) -> str:
     if last is not None and last.get("op"):
         state = {"waiting": "it died inside it", "in_flight": "still in flight", "completed": "completed",
                  "failed": "it failed"}.get(str(last.get("state")), last.get("state"))
-        text += (f" Its last collective was {last.get('op')} #{last.get('seq')} on {group_phrase(f, last.get('group'))}"
-                 f" at {where(last)} ({state}).")
+        what = (op_phrase(f, last) if setup_kind(last.get("group")) else
+                f"{last.get('op')} #{last.get('seq')} on {group_phrase(f, last.get('group'))}")
+        text += f" Its last collective was {what} at {where(last)} ({state})."
     waits = f.waiting
     for w in waits:
         rs = w.get("ranks") or []

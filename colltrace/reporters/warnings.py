@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from colltrace.analysis.desync import Desync, Place
+from colltrace.reporters.phrases import capitalized, number_phrase, setup_kind
 from colltrace.words import frame_text, group_label, rank_word
 
 
@@ -14,7 +15,9 @@ def _chain(p: Place) -> str:
 
 def message(w: Desync) -> str:
     text = "; ".join(f"{rank_word(p.ranks)} in {p.op} at {_chain(p)}" for p in w.places)
-    return (f"Collective #{w.seq} on {group_label(w.group)} was reached "
+    at = (capitalized(number_phrase(w.group["name"], w.seq)) if setup_kind(w.group["name"])
+          else f"Collective #{w.seq} on {group_label(w.group)}")
+    return (f"{at} was reached "
             f"from different places: {text}. It matched this time; the ranks are out of step there, and the next "
             f"change to either path can hang the job.")
 

@@ -20,6 +20,7 @@ from colltrace.errors import InputError
 from colltrace.model import build, schema
 from colltrace.model.schema import COMPLETED, EXIT_CALLS, IN_FLIGHT
 
+SETUP_KEPT = 256   # setup records (group creations, lasting store waits) kept past the window
 RANK_FILE = re.compile(r"rank-(\d+)\.ring$")
 FATAL_SIGNALS = {
     "Segmentation fault": ("SIGSEGV", -11),
@@ -146,6 +147,7 @@ class RankTrace:
         self.threads: dict[int, str] = {}
         self.records: collections.OrderedDict[int, dict] = collections.OrderedDict()
         self.open: dict[int, dict] = {}          # entered, not finished: kept past the window
+        self.setup_kept: dict[int, dict] = {}    # setup calls (group creation) out of the window: kept
         self.progress: dict[str, dict] = {}
         self._done_max: dict[str, int] = {}   # per group: the highest number seen completed
         self.window = window
@@ -174,6 +176,8 @@ class RankTrace:
                                              "ranks": [int(r) for r in d["ranks"]], "backend": d.get("backend", "")}
                 if isinstance(d.get("timeout_s"), (int, float)):
                     self.groups[int(d["id"])]["timeout_s"] = float(d["timeout_s"])
+                if d.get("any_of") is True:   # a wait any member may end (a key of the job's store)
+                    self.groups[int(d["id"])]["any_of"] = True
             elif k == "thread":
                 self.threads[int(d["id"])] = str(d.get("name", ""))
             elif k == "meta":
@@ -181,6 +185,7 @@ class RankTrace:
                 # a restarted rank: forget the previous incarnation
                 self.records.clear()
                 self.open.clear()
+                self.setup_kept.clear()
                 self.progress.clear()
                 self._done_max.clear()
                 self.batches = batchlog.BatchLog()
@@ -288,6 +293,12 @@ class RankTrace:
                 self.digests = True
             if flags & F_START:   # a CUDA start event: started_at stays None until the GPU reaches the call
                 r["start_event"] = True
+            if sig.get("setup"):   # a call that synchronizes ranks without being a collective (rank/setup.py)
+                r["setup"] = True
+                if sig.get("members") is not None:
+                    r["members"] = list(sig["members"])
+                if sig.get("detail") is not None:
+                    r["detail"] = sig["detail"]
             self._add(r)
             self.open[rec_id] = r
             if not p2p:
@@ -370,7 +381,11 @@ class RankTrace:
         self.records[r["id"]] = r
         if self.window is not None:
             while len(self.records) > self.window:
-                self.records.popitem(last=False)
+                _, old = self.records.popitem(last=False)
+                if old.get("setup"):   # few, and what later group creations are compared with
+                    self.setup_kept[old["id"]] = old
+                    if len(self.setup_kept) > SETUP_KEPT:
+                        self.setup_kept.pop(next(iter(self.setup_kept)))
 
     def _complete(self, r: dict, t: float) -> None:
         r["state"] = "completed"
@@ -400,6 +415,7 @@ class RankTrace:
         recs = list(self.records.values())
         seen = {r["id"] for r in recs}
         recs.extend(r for r in self.open.values() if r["id"] not in seen)
+        recs.extend(r for r in self.setup_kept.values() if r["id"] not in seen and r["id"] not in self.open)
         recs.sort(key=lambda r: (r["entered_at"], r["id"]))
         return recs
 

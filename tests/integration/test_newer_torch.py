@@ -32,4 +32,4 @@ def test_a_newer_torch_is_said_once_per_job_and_traced_all_the_same(gloo_job, tm
     for r in (0, 1):
         assert newer.stdout(r) == tested.stdout(r) and "RESULT [2.0, 2.0, 2.0, 2.0]" in newer.stdout(r)
         assert [(x["op"], x["state"]) for x in records(newer.dir, r) if x["op"] != "untraced"] == [
-            ("all_reduce", "completed"), ("barrier", "completed")]
+            ("init_process_group", "completed"), ("all_reduce", "completed"), ("barrier", "completed")]

@@ -55,6 +55,20 @@ def found(tmp_path, body: str, name="job.py") -> list[tuple[int, str]]:
     # except blocks
     ("try:\n    save()\nexcept OSError:\n    dist.barrier()\n    raise\n", [(6, "collective-in-except")]),
     ("try:\n    dist.barrier()\nexcept RuntimeError:\n    dist.all_reduce(t)\n", []),
+    # group creation under rank branches: every rank of the job must make every group
+    ("if rank < 2:\n    g = dist.new_group([0, 1])\n", [(4, "group-rank-branch")]),   # the issue's own
+    ("for ranks in ([0, 1], [2, 3]):\n    if rank in ranks:\n        g = dist.new_group(ranks)\n",
+     [(5, "group-rank-branch")]),
+    ("for ranks in ([0, 1], [2, 3]):\n    g = dist.new_group(ranks)\n    if rank in ranks:\n        mine = g\n", []),
+    ("if rank in (0, 1):\n    g = dist.new_group([0, 1], use_local_synchronization=True)\n", []),
+    ("if rank == 0:\n    g = dist.new_group([0, 1], timeout=t)\nelse:\n    g = dist.new_group([0, 1])\n", []),
+    ("if rank < 2:\n    g = dist.new_group([0, 1])\nelse:\n    g = dist.new_group([2, 3])\n",
+     [(4, "group-rank-branch"), (6, "group-rank-branch")]),
+    ("from torch.distributed.device_mesh import init_device_mesh\nif dist.get_rank() == 0:\n"
+     "    mesh = init_device_mesh('cpu', (1,))\n", [(5, "group-rank-branch")]),
+    ("from torch.distributed import new_subgroups, split_group\nif is_main_process:\n    new_subgroups(2)\n"
+     "    split_group(split_ranks=[[0, 1]])\n", [(5, "group-rank-branch"), (6, "group-rank-branch")]),
+    ("if rank == 0:\n    g = other.new_group([0, 1])\n", []),   # not torch.distributed's
     # suppression
     ("if rank == 0:\n    dist.barrier()  # colltrace: ignore[rank-branch]\n", []),
     ("if rank == 0:\n    dist.barrier()  # colltrace: ignore\n", []),
