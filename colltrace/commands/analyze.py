@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
+from colltrace.commands import flags
 from colltrace.tracefile import postmortem
 from colltrace.errors import EXIT_FOUND, EXIT_OK
 
@@ -17,7 +18,7 @@ class AnalyzeCommand:
         p.add_argument("dir", help="the trace folder (COLLTRACE_DIR of the job; colltrace-out: its newest run-*), "
                                    "or a folder of Flight Recorder dumps")
         p.add_argument("--json", action="store_true", help='print {"findings": [...], "culprits": [...], "warnings": [...], "stragglers": [...]}')
-        p.add_argument("--stall-s", type=float, default=None,
+        p.add_argument("--stall-s", type=flags.non_negative, default=None,
                        help="stall threshold in seconds (default: the job's COLLTRACE_STALL_S; 0 for Flight "
                             "Recorder dumps, which are written when a collective timed out)")
         p.add_argument("--prefix", default=None,
