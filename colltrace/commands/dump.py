@@ -74,7 +74,8 @@ class DumpCommand:
 
             have = format_ranks(tr.rank for tr in traces)
             raise UsageError(f"{rank_word(missing)}: not in {args.dir} (its ranks: {have or 'none'})")
-        ranks = {str(tr.rank): tr.all_records() for tr in traces if not args.rank or tr.rank in args.rank}
+        traces = [tr for tr in traces if not args.rank or tr.rank in args.rank]
+        ranks = {str(tr.rank): tr.all_records() for tr in traces}
         problems = [f"rank {tr.rank}: {tr.error}" for tr in traces if tr.error]
         if args.json:
             out = {"ranks": ranks}
@@ -85,6 +86,9 @@ class DumpCommand:
         else:
             roots = {str(tr.rank): tr.meta.get("roots") for tr in traces}
             sys.stdout.write(timeline(ranks, args.last, roots) + "\n")
-        for p in problems:
-            sys.stderr.write(f"colltrace: {p}\n")
-        return 2 if problems and not ranks else 0
+        damage = [d for tr in traces for d in tr.damage()]
+        for d in damage:   # each damaged file with its reason; what is readable is shown
+            sys.stderr.write(f"colltrace: warning: {d.text()}\n")
+        if traces and all(tr.error for tr in traces):
+            raise reader.nothing_readable(args.dir, damage)
+        return 0

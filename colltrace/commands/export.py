@@ -22,12 +22,13 @@ class ExportCommand:
 
     def run(self, args, parser) -> int:
         from colltrace.reporters import timeline
-        from colltrace.commands.analyze import judged   # the verdict `colltrace analyze` shows
+        from colltrace.commands.analyze import judged, say_damage   # the verdict `colltrace analyze` shows
         from colltrace.errors import UsageError
         from colltrace.words import counted
 
         args.dir = postmortem.resolve(args.dir)
         snap, v = judged(args.dir, args.prefix, args.stall_s)   # InputError: exit 2
+        say_damage(v.damage)
         findings = v.findings
         doc = timeline.build(snap, findings, v.culprits)
         tmp = args.perfetto + ".tmp"

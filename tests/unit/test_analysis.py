@@ -658,7 +658,7 @@ def test_untraced_collectives_just_before_a_stall_are_mentioned():
 def test_text_of_an_unknown_kind_and_of_a_bare_finding_does_not_fail():
     assert "weird" in report_mod.paragraph(Finding.from_json({"kind": "weird", "seq": 3, "group": {"name": "0"}}))
     assert stacks.render_stack_classes(Finding.from_json({"kind": "stall"})) == ""
-    assert "problem" in render_report([Finding.from_json({"kind": "stall", "ranks": {"x": 1}})])
+    assert "colltrace: 1 finding" in render_report([Finding.from_json({"kind": "stall", "ranks": {"x": 1}})])
 
 
 # -- robustness ---------------------------------------------------------------------------------
