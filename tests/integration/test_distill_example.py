@@ -172,6 +172,25 @@ def test_each_switch_prints_what_the_readme_says_and_the_verdict_last(runs, bug)
     assert "Root Cause (first observed failure)" not in run.err and "ChildFailedError" not in run.err
 
 
+def test_the_readme_quick_start_shows_what_the_first_command_prints(runs):
+    """The README's Quick start block is a real run of its first command (checkpoint_barrier):
+    colltrace's own lines, in order, are what this run printed (but for times, the run's folder
+    and how long torchrun's report was)."""
+    def ours(text: str) -> list[str]:
+        keep = ("colltrace: ", "next: ", "Deadlock across", "  stacks", "    rank")
+        out = []
+        for line in text.splitlines():
+            if line.startswith(keep):
+                line = re.sub(r"colltrace-out/run-\d{8}-\d{6}(-\d+)?", "RUN", same(line))
+                out.append(re.sub(r"\d\d:\d\d:\d\d", "T", re.sub(r"\(\d+ lines, ", "(N lines, ", line)))
+        return out
+
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    block = readme.split("## Quick start", 1)[1].split("```\n", 2)[1]
+    assert ours(block) == ours(runs["checkpoint_barrier"].err)
+
+
 def _launcher_codes(run) -> dict[int, int]:
     with open(os.path.join(run.dir, "launcher.txt")) as f:
         text = f.read()
