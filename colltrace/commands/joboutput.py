@@ -51,6 +51,7 @@ class RankTraceback:
     lines: list[bytes]
     exception: str          # its last line: "RuntimeError: [...] Connection closed by peer ..."
     ended_at: float
+    n: int = 0              # the job's line number of its last line
 
 
 @dataclass
@@ -58,6 +59,19 @@ class Held:
     """What the relay held back: the launcher's report (its lines in order) and the ranks' tracebacks."""
     report: list[bytes] = field(default_factory=list)
     tracebacks: list[RankTraceback] = field(default_factory=list)
+    _chunks: list[tuple[int, bytes]] = field(default_factory=list)   # (the job's line number, text)
+
+    def add_report(self, n: int, line: bytes) -> None:
+        self.report.append(line)
+        self._chunks.append((n, line))
+
+    def add_traceback(self, tb: RankTraceback) -> None:
+        self.tracebacks.append(tb)
+        self._chunks.append((tb.n, b"".join(tb.lines)))
+
+    def log(self) -> bytes:
+        """Every held line, in the order the job wrote them."""
+        return b"".join(text for _, text in sorted(self._chunks, key=lambda c: c[0]))
 
     def failures(self) -> list[Failure]:
         text = b"".join(self.report).decode("utf-8", "replace")
@@ -103,6 +117,7 @@ class Relay:
         self._table = 0              # inside the launcher's table: how many "=====" lines seen
         self._ranks: dict[int, list[bytes]] = {}   # a rank's traceback being read
         self._pending: list[RankTraceback] = []    # complete, waiting to be explained
+        self._n = 0                  # lines of the job's read so far
         self._lock = threading.Lock()
         self._ending = False         # the job exited: read until the pipe is quiet, then stop
         self._thread = threading.Thread(target=self._run, name="colltrace-job-stderr", daemon=True)
@@ -174,9 +189,10 @@ class Relay:
             self._sent = len(rest)
 
     def _line(self, line: bytes) -> None:
+        self._n += 1
         text = _text(line)
         if self._table:
-            self.held.report.append(line)
+            self.held.add_report(self._n, line)
             if text.startswith("=====") and len(set(text)) == 1:
                 self._table += 1
                 if self._table > 2:
@@ -187,16 +203,17 @@ class Relay:
             if text.startswith((" ", "\t")) or not text:
                 return
             block, self._block = self._block, None
-            if text.startswith("torch.distributed.elastic.multiprocessing.errors.ChildFailedError"):
-                self.held.report.extend(block)
-                self._table = 1   # its table follows, between two lines of "="
-            elif any(b"torch/distributed/run.py" in b or b"torch/distributed/launcher/api.py" in b for b in block):
-                self.held.report.extend(block)
+            launcher = any(b"torch/distributed/run.py" in b or b"torch/distributed/launcher/api.py" in b for b in block)
+            if launcher or text.startswith("torch.distributed.elastic.multiprocessing.errors.ChildFailedError"):
+                for i, held in enumerate(block):
+                    self.held.add_report(self._n - len(block) + 1 + i, held)
+                if text.startswith("torch.distributed.elastic.multiprocessing.errors.ChildFailedError"):
+                    self._table = 1   # its table follows, between two lines of "="
             else:
                 self._write(b"".join(block))
             return
         if _LAUNCHER_LOG.match(text):
-            self.held.report.append(line)
+            self.held.add_report(self._n, line)
             return
         if text == TRACEBACK:
             self._block = [line]
@@ -223,7 +240,7 @@ class Relay:
             return
         del self._ranks[rank]
         if _COLLECTIVE_FAILURE.search(rest):
-            self._pending.append(RankTraceback(rank, block, rest.strip(), time.monotonic()))
+            self._pending.append(RankTraceback(rank, block, rest.strip(), time.monotonic(), self._n))
         else:
             self._write(b"".join(block))
 
@@ -237,7 +254,7 @@ class Relay:
         for tb in list(self._pending):
             if explained:
                 self._pending.remove(tb)
-                self.held.tracebacks.append(tb)
+                self.held.add_traceback(tb)
             elif final or now - tb.ended_at > HOLD_S:
                 self._pending.remove(tb)
                 self._write(b"".join(tb.lines))
@@ -322,13 +339,11 @@ def explain(held: Held, ended: set[int], dead: dict[int, str | None]) -> list[tu
 
 
 def write_log(directory: str, held: Held) -> str | None:
-    """launcher.txt in the run's folder: every held line, the report first; None if it cannot be written."""
+    """launcher.txt in the run's folder: every held line, in the job's order; None if it cannot be written."""
     path = os.path.join(directory, LOG_FILE)
     try:
         with open(path, "wb") as f:
-            f.write(b"".join(held.report))
-            for tb in held.tracebacks:
-                f.write(b"".join(tb.lines))
+            f.write(held.log())
     except OSError:
         return None
     return path
@@ -337,7 +352,7 @@ def write_log(directory: str, held: Held) -> str | None:
 def release(stream, held: Held) -> None:
     """Print what was held as it was (the report not folded)."""
     out = getattr(stream, "buffer", None)
-    data = b"".join(held.report) + b"".join(b"".join(tb.lines) for tb in held.tracebacks)
+    data = held.log()
     stream.flush()
     if out is not None:
         out.write(data)
