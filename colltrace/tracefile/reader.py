@@ -381,8 +381,7 @@ class RankTrace:
         # unreadable, never as dead or stuck at its last record. `dump` still shows its records.
         # So is one whose ring was cut short past where it last wrote: where it is, is lost.
         error = self.error or (self.ring.stopped and "tracing stopped on this rank (its trace folder is full)") or (
-            self.ring.cut and self.ring.newest_lost and "its ring file is cut short: its newest records are lost") or (
-            self.defs_lost() and "its definitions file is cut short: its records name what it lost")
+            self.ring.cut and self.ring.newest_lost and "its ring file is cut short: its newest records are lost")
         if error:
             return build.unreadable_entry(self.rank, error)
         status, exit_info = self.status()
@@ -476,6 +475,10 @@ def load_snapshot(directory: str, damage: list[Damage] | None = None) -> dict:
         if traces and all(tr.error for tr in traces) and saved is None:
             raise nothing_readable(directory, damage)
     entries = {str(tr.rank): tr.snapshot_entry() for tr in traces}
+    for tr in traces:   # post-mortem only: live, a line being written is not yet a lost one
+        if tr.defs_lost():
+            entries[str(tr.rank)] = build.unreadable_entry(tr.rank, "its definitions file is cut short: its records "
+                                                                    "name what it lost")
     return build.from_files(entries, groups_of(traces), saved, judged_at=_acted_on_at(directory, recorded))
 
 
