@@ -198,11 +198,13 @@ class RingReader:
         self.next_serial = 0
 
     def reopened(self) -> bool:
-        """True when the file was replaced (a restarted rank) since the last poll."""
+        """True when the file was replaced (a restarted rank) since the last poll, or, read cut
+        short, has grown since (a copy still arriving: it is read again, whole)."""
         try:
-            return os.stat(self.path).st_ino != self._ino
+            st = os.stat(self.path)
         except FileNotFoundError:
             return False
+        return st.st_ino != self._ino or (self.cut is not None and st.st_size != self.cut[0])
 
     def poll(self) -> list[tuple]:
         if self._mm is None or self.reopened():

@@ -163,3 +163,23 @@ def test_a_folder_colltrace_ended_is_judged_as_of_the_finding_it_acted_on(folder
     (f,) = doc["findings"]
     assert rc == 1 and f["key"] == live["key"] and (f["detected_at"], f["waited_s"]) == (live["detected_at"], live["waited_s"])
     assert "(the longest has waited 0.6 s)" in live["summary"] and "(the longest has waited 0.6 s)" in f["summary"]
+
+
+def test_a_ring_read_while_its_copy_arrives_is_read_again_whole(folder):
+    """A reader that follows a folder as it is copied (the dashboard) sees a ring cut short, then
+    whole: it reads it again, and loses nothing of what came later."""
+    from colltrace.tracefile import reader
+
+    with open(folder / RING, "rb") as f:
+        whole = f.read()
+    cut(folder / RING, 4096 + 64)
+    tr = reader.RankTrace(str(folder), 3, window=None)
+    tr.poll()
+    assert tr.ring.cut and tr.ring.newest_lost and len(tr.all_records()) <= 1
+    with open(folder / RING, "ab") as f:   # the rest of the copy arrives, in place
+        f.write(whole[4096 + 64:])
+    tr.poll()
+    fresh = reader.RankTrace(str(folder), 3, window=None)
+    fresh.poll()
+    assert tr.ring.cut is None and not tr.ring.newest_lost
+    assert tr.all_records() == fresh.all_records() and len(tr.all_records()) == 3
