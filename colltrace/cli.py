@@ -6,6 +6,7 @@ unreadable input; any ColltraceError a command raises is one line on stderr and 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from colltrace import __version__
@@ -17,6 +18,34 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2, no usage dump
         sys.stderr.write(f"colltrace: error: {message}\n")
         sys.exit(2)
+
+    def parse_known_args(self, args=None, namespace=None):
+        # An unknown flag is named before a missing argument: `colltrace analyze --bogus` is about
+        # --bogus, not the folder argparse would ask for first.
+        if args is not None and self._subparsers is None:
+            unknown = _unknown_option(self, args)
+            if unknown:
+                self.error(f"unrecognized arguments: {unknown}")
+        return super().parse_known_args(args, namespace)
+
+
+_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+
+
+def _unknown_option(parser: argparse.ArgumentParser, args) -> str | None:
+    """The first token of `args` that looks like a flag this parser does not know (by name or
+    abbreviation); negative numbers are values."""
+    known = parser._option_string_actions
+    for token in args:
+        if token == "--":
+            break
+        if not token.startswith("-") or token == "-" or _NUMBER.match(token):
+            continue
+        name = token.split("=", 1)[0]
+        if name in known or (name.startswith("--") and any(o.startswith(name) for o in known)):
+            continue
+        return token
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:

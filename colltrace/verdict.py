@@ -18,7 +18,7 @@ from colltrace.callsites import samekind
 from colltrace.model import schema
 from colltrace.model.finding import Finding
 from colltrace.reporters.text import render_verdict, summarize
-from colltrace.reporters.warnings import warning_json
+from colltrace.reporters.warnings import damage_json, warning_json
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ class Verdict:
     explanation: culprits.Explanation   # the ranks whose own state explains the others' waits, and why
     warnings: list[desync.Desync]       # problems that did not hang this run (desyncs)
     stragglers: list[dict]              # who made the others wait (never a finding)
+    damage: tuple = ()                  # tracefile/damage.py: files of the folder that could not be read whole
 
     @property
     def culprits(self) -> list[int]:
@@ -34,7 +35,8 @@ class Verdict:
 
     def as_json(self) -> dict:
         return {"findings": [f.to_json() for f in self.findings], "culprits": self.culprits,
-                "warnings": [warning_json(w) for w in self.warnings], "stragglers": self.stragglers}
+                "warnings": [warning_json(w) for w in self.warnings] + [damage_json(d) for d in self.damage],
+                "stragglers": self.stragglers}
 
     def text(self) -> str:
         return render_verdict(self.findings, self.explanation, self.warnings, self.stragglers)
@@ -47,13 +49,14 @@ def findings_of(snap: schema.Snapshot, stall_s: float, now: float) -> list[Findi
 
 
 def of_snapshot(snap: schema.Snapshot, stall_s: float = 30.0, now: float | None = None,
-                findings: list[Finding] | None = None) -> Verdict:
+                findings: list[Finding] | None = None, damage=()) -> Verdict:
     """The whole verdict on `snap`. findings: those already judged and reported (the watchdog's,
-    superseded ones included), else judged here at `now` (default: the snapshot's time)."""
+    superseded ones included), else judged here at `now` (default: the snapshot's time).
+    damage: the folder's files that could not be read whole (warnings)."""
     if findings is None:
         findings = findings_of(snap, stall_s, snap.get("taken_at", 0.0) if now is None else now)
     samekind.annotate(findings)   # reads the user's source files: after the (pure) analysis; once per finding
-    return Verdict(findings, culprits.explain(findings), desync.of_snapshot(snap), _stragglers(snap))
+    return Verdict(findings, culprits.explain(findings), desync.of_snapshot(snap), _stragglers(snap), tuple(damage))
 
 
 def _stragglers(snap: schema.Snapshot) -> list[dict]:

@@ -63,6 +63,11 @@ def rank_word(ranks) -> str:
     return f"rank {rs[0]}" if len(rs) == 1 else f"ranks {short_ranks(rs)}"
 
 
+def counted(n: int, noun: str) -> str:
+    """"1 finding", "2 findings", "no findings": how every command counts (findings, files, lines)."""
+    return f"no {noun}s" if n == 0 else f"{n} {noun}{'s' if n != 1 else ''}"
+
+
 def and_list(items: list[str]) -> str:
     """["a", "b", "c"] -> "a, b and c"."""
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]

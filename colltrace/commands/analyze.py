@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
+from colltrace.commands import flags
 from colltrace.tracefile import postmortem
 from colltrace.errors import EXIT_FOUND, EXIT_OK
 
@@ -17,7 +18,7 @@ class AnalyzeCommand:
         p.add_argument("dir", help="the trace folder (COLLTRACE_DIR of the job; colltrace-out: its newest run-*), "
                                    "or a folder of Flight Recorder dumps")
         p.add_argument("--json", action="store_true", help='print {"findings": [...], "culprits": [...], "warnings": [...], "stragglers": [...]}')
-        p.add_argument("--stall-s", type=float, default=None,
+        p.add_argument("--stall-s", type=flags.non_negative, default=None,
                        help="stall threshold in seconds (default: the job's COLLTRACE_STALL_S; 0 for Flight "
                             "Recorder dumps, which are written when a collective timed out)")
         p.add_argument("--prefix", default=None,
@@ -26,7 +27,8 @@ class AnalyzeCommand:
 
     def run(self, args, parser) -> int:
         args.dir = postmortem.resolve(args.dir)
-        snap, v = judged(args.dir, args.prefix, args.stall_s)   # InputError: exit 2
+        snap, v = judged(args.dir, args.prefix, args.stall_s)   # InputError: exit 2 (nothing readable)
+        say_damage(v.damage)
         if args.json:
             sys.stdout.write(json.dumps(v.as_json(), indent=2, default=str) + "\n")
         else:
@@ -36,10 +38,18 @@ class AnalyzeCommand:
 
 def judged(directory: str, prefix: str | None, stall_s: float | None):
     """(snapshot, verdict) of DIR, judged by `stall_s` or else the job's own threshold, at the
-    snapshot's time. Raises reader.TraceError on unreadable input. `colltrace export` draws the same."""
+    snapshot's time, from what is readable (the damaged files are the verdict's `damage`). Raises
+    reader.TraceError when nothing is. `colltrace export` draws the same."""
     from colltrace import verdict
     from colltrace.tracefile import reader
 
-    snap = postmortem.load(directory, prefix)
+    damage: list = []
+    snap = postmortem.load(directory, prefix, damage)
     threshold = stall_s if stall_s is not None else reader.job_stall_s(snap)
-    return snap, verdict.of_snapshot(snap, stall_s=threshold, now=snap["taken_at"])
+    return snap, verdict.of_snapshot(snap, stall_s=threshold, now=snap["taken_at"], damage=damage)
+
+
+def say_damage(damage) -> None:
+    """Each damaged file, with its reason, one line on stderr (the verdict is from the rest)."""
+    for d in damage:
+        sys.stderr.write(f"colltrace: warning: {d.text()}\n")

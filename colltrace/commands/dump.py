@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
+from colltrace.commands import flags
 from colltrace.tracefile import reader
 
 
@@ -40,7 +41,10 @@ def timeline(ranks: dict, last: int | None, roots: dict | None = None, faults: d
     """`roots`: {rank: its recorded roots}, to tell the user's frames from the frameworks';
     `faults`: {rank: how it died of a fatal signal}, said after its records."""
     t0 = min((r["entered_at"] for recs in ranks.values() for r in recs), default=0.0)
-    lines = []
+    from colltrace.reporters.phrases import clock
+
+    lines = [f"time: seconds since the first record ({clock(t0)}); took: entered to completed",
+             f"  {'time':>10}  {'group':<10} {'number':<8} {'op':<24} {'state':<9}{'took':<12} shapes dtypes  where"]
     for rank, recs in ranks.items():
         shown = recs[-last:] if last else recs
         lines.append(f"rank {rank}: {len(recs)} records" + (f" (last {len(shown)} shown)" if len(shown) < len(recs) else ""))
@@ -70,7 +74,7 @@ class DumpCommand:
         p.add_argument("dir", help="the trace folder; with --from-store, the folder to write")
         p.add_argument("--json", action="store_true", help='print {"ranks": {"0": [record, ...]}}')
         p.add_argument("--rank", type=int, action="append", help="only this rank (repeatable)")
-        p.add_argument("--last", type=int, default=None, help="only the last N records per rank (text view)")
+        p.add_argument("--last", type=flags.positive_int, default=None, help="only the last N records per rank (text view)")
         p.add_argument("--from-store", metavar="HOST:PORT",
                        help="snapshot a live (even hung) job from its TCPStore (MASTER_ADDR:MASTER_PORT) into DIR")
 
@@ -90,7 +94,14 @@ class DumpCommand:
 
         args.dir = postmortem.resolve(args.dir)
         traces = reader.load_traces(args.dir)   # TraceError: one line, exit 2
-        ranks = {str(tr.rank): tr.all_records() for tr in traces if not args.rank or tr.rank in args.rank}
+        missing = sorted(set(args.rank or ()) - {tr.rank for tr in traces})
+        if missing:
+            from colltrace.words import format_ranks, rank_word
+
+            have = format_ranks(tr.rank for tr in traces)
+            raise UsageError(f"{rank_word(missing)}: not in {args.dir} (its ranks: {have or 'none'})")
+        traces = [tr for tr in traces if not args.rank or tr.rank in args.rank]
+        ranks = {str(tr.rank): tr.all_records() for tr in traces}
         problems = [f"rank {tr.rank}: {tr.error}" for tr in traces if tr.error]
         faults = {str(tr.rank): f for tr in traces if str(tr.rank) in ranks and (f := _fault(tr)) is not None}
         if args.json:
@@ -104,6 +115,9 @@ class DumpCommand:
         else:
             roots = {str(tr.rank): tr.meta.get("roots") for tr in traces}
             sys.stdout.write(timeline(ranks, args.last, roots, faults) + "\n")
-        for p in problems:
-            sys.stderr.write(f"colltrace: {p}\n")
-        return 2 if problems and not ranks else 0
+        damage = [d for tr in traces for d in tr.damage()]
+        for d in damage:   # each damaged file with its reason; what is readable is shown
+            sys.stderr.write(f"colltrace: warning: {d.text()}\n")
+        if traces and all(tr.error for tr in traces):
+            raise reader.nothing_readable(args.dir, damage)
+        return 0

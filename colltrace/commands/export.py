@@ -5,6 +5,7 @@ import json
 import os
 import sys
 
+from colltrace.commands import flags
 from colltrace.tracefile import postmortem
 
 
@@ -17,15 +18,17 @@ class ExportCommand:
         p.add_argument("--perfetto", metavar="OUT.json", required=True,
                        help="the file to write (Chrome trace event JSON; open it in ui.perfetto.dev)")
         p.add_argument("--prefix", default=None, help="Flight Recorder dumps: the file name before the rank")
-        p.add_argument("--stall-s", type=float, default=None, help="stall threshold for the findings drawn")
+        p.add_argument("--stall-s", type=flags.non_negative, default=None, help="stall threshold for the findings drawn")
 
     def run(self, args, parser) -> int:
         from colltrace.reporters import timeline
-        from colltrace.commands.analyze import judged   # the verdict `colltrace analyze` shows
+        from colltrace.commands.analyze import judged, say_damage   # the verdict `colltrace analyze` shows
         from colltrace.errors import UsageError
+        from colltrace.words import counted
 
         args.dir = postmortem.resolve(args.dir)
         snap, v = judged(args.dir, args.prefix, args.stall_s)   # InputError: exit 2
+        say_damage(v.damage)
         findings = v.findings
         doc = timeline.build(snap, findings, v.culprits)
         tmp = args.perfetto + ".tmp"
@@ -36,6 +39,6 @@ class ExportCommand:
         except OSError as exc:
             raise UsageError(f"{args.perfetto}: cannot be written ({exc.strerror or exc})") from None
         n = sum(1 for e in doc["traceEvents"] if e["ph"] == "X")
-        sys.stderr.write(f"colltrace: wrote {args.perfetto} ({len(snap['ranks'])} ranks, {n} slices, "
-                         f"{len(findings)} findings); open it in https://ui.perfetto.dev\n")
+        sys.stderr.write(f"colltrace: wrote {args.perfetto} ({counted(len(snap['ranks']), 'rank')}, "
+                         f"{counted(n, 'slice')}, {counted(len(findings), 'finding')}); open it in https://ui.perfetto.dev\n")
         return 0

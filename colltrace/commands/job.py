@@ -46,11 +46,13 @@ class Job:
         self.returncode: int | None = None
         self.ended_by_colltrace = False   # COLLTRACE_ON_HANG=abort ended it: its SIGKILL is colltrace's own
 
-    def start(self, argv: list, env: dict) -> None:
+    def start(self, argv: list, env: dict, stderr: int | None = None) -> None:
         """The job with the signal mask colltrace was given and default actions where colltrace
-        catches (a shell's exec gives the same). OSError if it cannot be started."""
+        catches (a shell's exec gives the same); `stderr`: a descriptor its stderr goes to (the
+        launcher's report is folded from it). OSError if it cannot be started."""
+        actions = [(os.POSIX_SPAWN_DUP2, stderr, 2)] if stderr is not None else []
         self.pid = os.posix_spawnp(argv[0], argv, env, setsigmask=self._mask,
-                                   setsigdef=self.passed_on + _RESTORED)
+                                   setsigdef=self.passed_on + _RESTORED, file_actions=actions)
 
     def wait(self) -> int:
         """Until the job ends: each signal that comes is passed on; the job's returncode

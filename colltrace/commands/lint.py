@@ -19,6 +19,7 @@ class LintCommand:
     def run(self, args, parser) -> int:
         from colltrace.callsites import lint
         from colltrace.errors import UsageError
+        from colltrace.words import counted
 
         select = set(lint.RULES)
         if args.select:
@@ -30,6 +31,8 @@ class LintCommand:
             if not os.path.exists(p):
                 raise UsageError(f"{p}: no such file or folder")
         files = lint.python_files(args.paths)
+        if not files:   # nothing checked is no clean bill
+            raise UsageError(f"no Python files in {', '.join(args.paths)}")
         findings, unchecked = [], 0
         for path in files:
             # A file that cannot be read or parsed is named on stderr and the others are still
@@ -50,9 +53,7 @@ class LintCommand:
         else:
             for f in findings:
                 sys.stdout.write(f.text() + "\n")
-            n = len(findings)
-            sys.stdout.write(f"colltrace lint: {n} finding{'s' if n != 1 else ''} in {len(files) - unchecked} "
-                             f"file{'s' if len(files) - unchecked != 1 else ''}"
+            sys.stdout.write(f"colltrace lint: {counted(len(findings), 'finding')} in {counted(len(files) - unchecked, 'file')}"
                              + (f" ({unchecked} could not be checked)" if unchecked else "") + "\n")
         if unchecked:
             return 2

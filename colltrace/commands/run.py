@@ -8,6 +8,7 @@ import threading
 import time
 
 from colltrace import config
+from colltrace.commands import joboutput
 
 
 _FLOATS = ("stall_s", "abort_stall_s", "straggler_share")
@@ -24,11 +25,16 @@ class RunCommand:
 
     def prepare_parser(self, p):
         p.add_argument("--dir", help="trace folder (default: colltrace-out/run-<time>)")
+        p.add_argument("--no-fold", action="store_true",
+                       help="pass the job's stderr on untouched: the launcher's failure report and the ranks' "
+                            "tracebacks in full (by default, where colltrace knows why each rank failed, they "
+                            "are folded to one line and kept whole in DIR/launcher.txt)")
         for v in config.VARIABLES:   # the settings table's flags (README, "Variables")
             if v.flag is not None:
                 p.add_argument(v.flag, dest=v.field, metavar=v.metavar, type=float if v.field in _FLOATS else str,
                                choices=config.ON_HANG_CHOICES if v.field == "on_hang" else None,
                                help=f"{v.flag_help or _plain(v.meaning)} [env {v.env}]")
+        p.usage = p.format_usage().split(":", 1)[1].strip() + " -- CMD [ARG ...]"   # the job, after --
 
     def run(self, args, parser) -> int:
         from colltrace.commands import job as jobs
@@ -47,7 +53,7 @@ class RunCommand:
         for v, value in flags.items():
             if v.field in _FLOATS and value < 0:
                 raise UsageError(f"{v.flag} must be >= 0")
-        directory = args.dir or os.path.join(config.DEFAULT_DIR, time.strftime("run-%Y%m%d-%H%M%S"))
+        directory = args.dir or _new_run_dir()
         os.makedirs(directory, exist_ok=True)
         env = dict(os.environ, COLLTRACE="1", COLLTRACE_DIR=directory, COLLTRACE_WATCHDOG="external")
         from colltrace import _boot
@@ -70,44 +76,91 @@ class RunCommand:
         thread = threading.Thread(target=watchdog.run, kwargs={"stop": stop}, name="colltrace-watchdog", daemon=True)
         thread.start()
         sys.stderr.write(f"colltrace: tracing into {directory}\n")
+        relay = None if args.no_fold else joboutput.Relay(sys.stderr, lambda: _explains_failures(watchdog))
         try:
-            job.start(args.job_argv, env)
+            job.start(args.job_argv, env, stderr=relay.child_fd if relay else None)
         except OSError as exc:
             stop.set()
             raise UsageError(f"cannot start {args.job_argv[0]!r}: {exc.strerror}") from None
+        finally:
+            if relay is not None:
+                relay.start()
         rc = job.wait()   # signals passed on to the job meanwhile
         time.sleep(2 * settings.poll_s)
         stop.set()
         thread.join(timeout=30)
-        n = sum(1 for f in watchdog.findings if not f.superseded_by)
-        gone = len(watchdog.findings) - n
-        earlier = f" (and {gone} earlier stall superseded by {'it' if n == 1 else 'them'})" if gone else ""
         job.ended_by_colltrace = bool(watchdog.on_hang.ending)
-        sys.stderr.write(_verdict_again(watchdog))
-        sys.stderr.write(
-            f"colltrace: job exited with code {rc}; {n} finding{'s' if n != 1 else ''}{earlier}; trace in {directory}\n"
-            f"next: colltrace analyze {directory}   (or: colltrace dump {directory}"
-            f"{', or: colltrace dashboard ' + directory if watchdog.dashboard else ''})\n")
-        if rc:
-            return rc if rc > 0 else 1
-        return 1 if n else 0
+        held = relay.finish() if relay is not None else None
+        sys.stderr.write(_after_job(watchdog, settings, held, directory, rc))
+        return job_exit_code(rc)
 
 
-def _verdict_again(watchdog) -> str:
-    """After the job's own output (the launcher's report last): the verdict's first sentence
-    once more, and, when colltrace ended the ranks, that the launcher's SIGKILL report is that."""
-    from colltrace.reporters.phrases import clock
-    from colltrace.reporters.text import headline
+def job_exit_code(rc: int) -> int:
+    """colltrace run exits with the job's own code, findings or not (README, docs/findings.md); a
+    job ended by a signal (negative here) gives 1, which run() turns into that signal's death
+    unless colltrace ended the job (job.Job.exit_code)."""
+    return rc if rc >= 0 else 1
+
+
+def _new_run_dir() -> str:
+    """colltrace-out/run-<start time>; a second run started within the same second gets its own."""
+    base = os.path.join(config.DEFAULT_DIR, time.strftime("run-%Y%m%d-%H%M%S"))
+    directory, n = base, 1
+    while os.path.exists(directory):
+        n += 1
+        directory = f"{base}-{n}"
+    return directory
+
+
+def _explains_failures(watchdog) -> bool:
+    """Whether colltrace knows why ranks fail now: it ended ranks, or found one dead (the others'
+    collectives then fail, and the launcher ends the rest)."""
+    from colltrace.model.finding import DeadRank
 
     ending = watchdog.on_hang.ending
+    return bool(ending and ending.get("ranks")) or any(
+        isinstance(f, DeadRank) and not f.superseded_by for f in list(watchdog.findings))
+
+
+def _after_job(watchdog, settings, held, directory: str, rc: int) -> str:
+    """After the job's own output: the launcher's report folded where colltrace knows why each rank
+    failed (or shown whole), how colltrace ended the ranks, the verdict, the exit line, the next
+    command. The verdict comes last but for where to look next."""
+    from colltrace.analysis import HANG_KINDS
+    from colltrace.model.finding import DeadRank
+    from colltrace.reporters import ending as words
+    from colltrace.reporters.text import headline
+    from colltrace.words import counted
+
     standing = [f for f in watchdog.findings if not f.superseded_by]
+    ending = watchdog.on_hang.ending
+    text = ""
+    if held is not None and (held.report or held.tracebacks):
+        killed = set((ending or {}).get("ranks") or {})
+        dead = {int(f.rank): (f.exit or {}).get("signal") for f in standing if isinstance(f, DeadRank)}
+        groups = joboutput.explain(held, killed, dead) if held.report else []
+        path = joboutput.write_log(directory, held) if groups is not None else None
+        if path is None:
+            joboutput.release(sys.stderr, held)
+        else:
+            if held.tracebacks:
+                tbs = held.tracebacks
+                text += words.folded_tracebacks_line(sorted({t.rank for t in tbs}), tbs[0].exception, len(tbs), path)
+            if groups:
+                text += words.folded_report_line(groups, sorted(dead), len(held.report), path)
+    signalled = sorted((ending or {}).get("ranks") or {})
+    codes = {f.rank: f.code for f in held.failures()} if held is not None else {}
+    ended = [r for r in signalled if codes.get(r, -9) == -9]   # the launcher saw their SIGKILL, not its own SIGTERM
+    text += words.ending_line(ending, ended, settings.on_hang, any(f.kind in HANG_KINDS for f in standing),
+                              already=[r for r in signalled if r not in ended])
     acted = [f for f in standing if ending and f.key == ending.get("finding")]
-    if not standing:
-        return ""
-    text = f"colltrace: verdict: {headline((acted or standing)[0])}\n"
-    if ending:
-        text += (f"colltrace: the ranks reported above as killed by SIGKILL (exitcode: -9) were ended by colltrace "
-                 f"at {clock(ending['at'])} (COLLTRACE_ON_HANG=abort: {ending['why']}): that is not a second failure\n")
+    if standing:
+        text += f"colltrace: verdict: {headline((acted or standing)[0])}\n"
+    n, gone = len(standing), len(watchdog.findings) - len(standing)
+    earlier = f" (and {gone} earlier stall superseded by {'it' if n == 1 else 'them'})" if gone else ""
+    text += (f"colltrace: job exited with code {rc}; {counted(n, 'finding')}{earlier}; trace in {directory}\n"
+             f"next: colltrace analyze {directory}   (or: colltrace dump {directory}"
+             f"{', or: colltrace dashboard ' + directory if watchdog.dashboard else ''})\n")
     return text
 
 

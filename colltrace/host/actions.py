@@ -18,7 +18,7 @@ from colltrace.host import probes
 from colltrace.model.finding import DeadRank, Finding, Stall, UnmatchedP2P
 from colltrace.model.schema import WAITING
 from colltrace.reporters.phrases import not_taken_note
-from colltrace.words import format_ranks
+from colltrace.words import rank_word
 from colltrace.tracefile import endings
 
 ABORT_DUMP_S = 0.5    # abort: the stack dumps get this long, all at once, then the ranks are ended
@@ -31,7 +31,7 @@ class OnHang:
         self.node = node
         self.outputs = outputs
         self.aborted = False
-        self.ending: dict | None = None   # {"why", "finding", "at"} once this host ended its ranks
+        self.ending: dict | None = None   # {"why", "finding", "at", "ranks": {rank: pid} signalled} once abort acted
         self._acted: set[str] = set()    # the leader: the findings acted on (by key)
         self._dumped: set[str] = set()   # every host: the reasons it dumped stacks for
 
@@ -92,18 +92,40 @@ class OnHang:
         return dict(out)
 
     def _end(self, pids: dict[int, int], why: str, finding: str | None) -> None:
-        """Record the ending (so every reader tells it as it happened), then end the ranks."""
-        self.ending = {"why": why, "finding": finding, "at": time.time()}
-        try:
-            endings.write(self.node.dir, self.node.host_name(), why, finding, pids, at=self.ending["at"])
-        except OSError:
-            pass   # a full folder: the ranks are ended all the same, the findings already tell why
-        self.outputs.say(f"colltrace: COLLTRACE_ON_HANG=abort ({why}): ending ranks {format_ranks(sorted(pids))}")
-        for pid in pids.values():
+        """Record the ending (so every reader tells it as it happened), then end the ranks. The
+        ending names the ranks signalled, none where none was left running (a launcher ended them
+        first): no reader is told colltrace ended a rank it did not."""
+        self.ending = {"why": why, "finding": finding, "at": time.time(), "ranks": {}}
+        if pids:
+            self._record(pids)
+        for rank, pid in sorted(pids.items()):
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
-                pass
+                continue   # gone meanwhile: not ended by colltrace
+            self.ending["ranks"][rank] = pid
+        ended = self.ending["ranks"]
+        if len(ended) < len(pids):
+            self._record(ended)
+        gone = sorted(set(pids) - set(ended))
+        if ended:
+            self.outputs.say(f"colltrace: COLLTRACE_ON_HANG=abort ({why}): ended {rank_word(sorted(ended))} (SIGKILL)"
+                             + (f"; {rank_word(gone)} had ended already" if gone else ""))
+        else:
+            self.outputs.say(f"colltrace: COLLTRACE_ON_HANG=abort ({why}): no rank left running on this host; "
+                             "colltrace ended none")
+
+    def _record(self, pids: dict[int, int]) -> None:
+        """ended-<host>.json: written before the ranks are signalled, so that their deaths are
+        never taken for findings; rewritten (or removed) for those that had ended already."""
+        try:
+            if pids:
+                endings.write(self.node.dir, self.node.host_name(), self.ending["why"], self.ending["finding"], pids,
+                              at=self.ending["at"])
+            else:
+                os.unlink(endings.path(self.node.dir, self.node.host_name()))
+        except OSError:
+            pass   # a full folder: the ranks are ended all the same, the findings already tell why
 
 
 # -- what COLLTRACE_ON_HANG=abort may end -----------------------------------------------------------

@@ -140,10 +140,11 @@ def groups_of(tables) -> dict[str, dict]:
     return out
 
 
-def from_files(entries: dict, groups: dict, saved: dict | None) -> dict:
+def from_files(entries: dict, groups: dict, saved: dict | None, judged_at: float | None = None) -> dict:
     """The post-mortem snapshot: the entries read from the rank files, with what a live view
     saved (snapshot.json: liveness and live stacks) laid over them; taken at the last time
-    anything was seen."""
+    anything was seen, or, where colltrace ended the job, when it judged it (`judged_at`: the
+    time of the finding it acted on; what came after is its own doing), never before a record."""
     snap: dict = dict(empty())
     snap["groups"] = dict(groups)
     snap["ranks"] = dict(entries)
@@ -162,12 +163,12 @@ def from_files(entries: dict, groups: dict, saved: dict | None) -> dict:
         snap["taken_at"] = float(saved.get("taken_at") or 0.0)
         if isinstance(saved.get("clocks"), dict):   # the hosts' clock offsets the leader measured
             snap["clocks"] = saved["clocks"]
-    last_seen = [snap["taken_at"]]
+    last_seen, last_record = [snap["taken_at"]], [0.0]
     for e in snap["ranks"].values():
         settled(e)
         last_seen.append(e.get("heartbeat") or 0.0)
-        last_seen.extend(r.get("completed_at") or r.get("entered_at") or 0.0 for r in e.get("records", [])[-3:])
-    snap["taken_at"] = max(last_seen)
+        last_record.extend(r.get("completed_at") or r.get("entered_at") or 0.0 for r in e.get("records", [])[-3:])
+    snap["taken_at"] = max(last_seen + last_record) if judged_at is None else max([judged_at] + last_record)
     return snap
 
 

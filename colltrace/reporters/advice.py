@@ -19,7 +19,7 @@ def _history_clause(look: dict) -> str:
     why = look.get("reason")
     if why == "left":
         return (f" In earlier iterations {rank_word(rs)} made another call at this point: {it_word(rs)} left "
-                f"{its_word(rs)} own pattern, while {rank_word(vs)} {verb_for(vs, 'keeps', 'keep')} to {its_word(vs)}.")
+                f"{its_word(rs)} own pattern, while {rank_word(vs)} {verb_for(vs, 'keeps to its own', 'keep to theirs')}.")
     if why == "new":
         return (f" {capitalized(rank_word(rs))} never made this call before, while {rank_word(vs)} "
                 f"{verb_for(vs, 'repeats', 'repeat')} {its_word(vs)} usual one.")

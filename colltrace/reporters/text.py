@@ -19,7 +19,7 @@ from colltrace.analysis.desync import Desync
 from colltrace.model.finding import (Deadlock, DeadRank, DuplicateData, Finding, Mismatch, Stall,
                                      UnmatchedP2P)
 from colltrace.model.schema import DEAD, EXIT_CALLS, EXITED, INTERRUPTED, UNKNOWN, UNREADABLE
-from colltrace.words import and_list, frame_text_of, group_label, rank_word, sorted_ranks
+from colltrace.words import and_list, counted, frame_text_of, group_label, rank_word, sorted_ranks
 from colltrace.reporters.phrases import (PENDING_STATES, behind_clause, capitalized, clock, died_since, exit_text,
                                          first_line, group_phrase, natural_key, number_phrase, op_phrase, sample_entry,
                                          seconds, setup_kind, shape_text, untraced_clause, verb_for,
@@ -397,13 +397,13 @@ def render_same_kind(f: Finding) -> str:
 
 
 def render_report(findings: list[Finding]) -> str:
-    """Every finding's paragraph and stack classes; "no problems found" when there are none."""
+    """Every finding's paragraph and stack classes; "no findings" when there are none."""
     if not findings:
-        return "colltrace: no problems found"
+        return "colltrace: no findings"
     number = {f.key: i for i, f in enumerate(findings, 1)}
     gone = sum(1 for f in findings if f.superseded_by)
     n = len(findings) - gone
-    out = [f"colltrace: {n} problem{'s' if n != 1 else ''} found"
+    out = [f"colltrace: {counted(n, 'finding')}"
            + (f" (and {gone} earlier stall{'s' if gone != 1 else ''} that turned into {'them' if n != 1 else 'it'})"
               if gone else "")]
     for i, f in enumerate(findings, 1):
@@ -441,7 +441,7 @@ def headline(f: Finding, limit: int = 400) -> str:
     text = str(f.summary or paragraph(f))
     m = re.search(r"[.!?](\s|$)", text)
     first = text[:m.start() + 1] if m else text
-    return first if len(first) <= limit else first[:limit - 1] + "…"
+    return first if len(first) <= limit else first[:limit - 1].rsplit(" ", 1)[0] + " …"   # at a word's end
 
 
 def render_verdict(findings: list[Finding], explanation: Explanation, warnings: Sequence[Desync] = (),

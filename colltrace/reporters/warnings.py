@@ -1,11 +1,13 @@
-"""The warnings (analysis/desync.py's silent desyncs) in words: their JSON (docs/findings.md,
-"warnings") and their text in report.txt and `colltrace analyze`."""
+"""The warnings in words: analysis/desync.py's silent desyncs (their JSON, docs/findings.md
+"warnings", and their text in report.txt and `colltrace analyze`) and the folder's damaged files
+(tracefile/damage.py: JSON only; `colltrace analyze` names them on stderr)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from colltrace.analysis.desync import Desync, Place
 from colltrace.reporters.phrases import capitalized, number_phrase, setup_kind
+from colltrace.tracefile.damage import Damage
 from colltrace.words import frame_text, group_label, rank_word
 
 
@@ -28,6 +30,12 @@ def warning_json(w: Desync) -> dict:
             "places": [{"ranks": p.ranks, "op": p.op, "file": p.file, "line": p.line, "func": p.func,
                         "chain": _chain(p)} for p in w.places],
             "message": message(w)}
+
+
+def damage_json(d: Damage) -> dict:
+    """A file of the folder that could not be read whole, as `colltrace analyze --json` lists it
+    among the warnings (docs/findings.md)."""
+    return {"kind": "damaged_file", "file": d.file, "rank": d.rank, "reason": d.reason, "message": d.text()}
 
 
 def render_warnings(warnings: Sequence[Desync]) -> str:

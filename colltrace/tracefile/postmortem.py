@@ -29,12 +29,14 @@ def resolve(directory: str, stream=None) -> str:
     return newest
 
 
-def load(directory: str, prefix: str | None = None) -> dict:
-    """The snapshot of DIR. Raises reader.TraceError (one line naming the folder or file)."""
+def load(directory: str, prefix: str | None = None, damage: list | None = None) -> dict:
+    """The snapshot of DIR. Raises reader.TraceError (one line naming the folder or file).
+    damage: a list given to reader.load_snapshot: each damaged file is added to it, and the
+    folder is judged from what is readable."""
     if not os.path.isdir(directory):
         raise reader.TraceError(f"{directory}: no such folder")
     if reader.rank_files(directory) or os.path.exists(os.path.join(directory, "snapshot.json")):
-        return reader.load_snapshot(directory)
+        return reader.load_snapshot(directory, damage)
     try:
         dumps = frdump.read(directory, prefix)
     except frdump.DumpError as exc:

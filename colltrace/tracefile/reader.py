@@ -14,6 +14,7 @@ import re
 from colltrace import origins
 from colltrace.words import group_desc
 from colltrace.tracefile import asks, batchlog, endings, native, ringfile, samples
+from colltrace.tracefile.damage import Damage, recorded_findings
 from colltrace.tracefile.ringfile import (COMPLETE, ENTER, F_ASYNC, F_CAPTURED, F_DIGEST, F_DONE, F_P2P, F_START,
                                           F_UNOBSERVED, FAIL, RETURN, STARTED, UNTRACED, WAIT, WAITED)
 from colltrace.errors import InputError
@@ -536,12 +537,49 @@ class RankTrace:
             return "dead", endings.exit_info(ended)   # colltrace ended it (COLLTRACE_ON_HANG=abort)
         return "unknown", None
 
+    def damage(self) -> list[Damage]:
+        """What of this rank's files could not be read, and what that costs (post-mortem: a
+        folder copied from a cluster may arrive cut short)."""
+        out = []
+        ring, defs, r = self.ring, self.defs, self.rank
+        if self.error:
+            reason = self.error.split(": ", 1)[1] if self.error.startswith(ring.path + ": ") else self.error
+            out.append(Damage(ring.path, reason, r, f"rank {r} is judged unreadable"))
+        elif ring.cut:
+            have, want = ring.cut
+            reason = f"cut short ({have} of {want} bytes): {ring.readable} of its {ring.slots} slots are there"
+            if ring.newest_lost:
+                out.append(Damage(ring.path, reason, r, f"its newest records may be past the cut ({ring.cut_lost} "
+                                                        f"slots lost): rank {r} is judged unreadable"))
+            else:
+                out.append(Damage(ring.path, reason, r, "every slot it had written is read"))
+        if defs._partial.strip():
+            out.append(Damage(defs.path, f"its last line is cut short ({len(defs._partial)} bytes, no line end)", r,
+                              self._defs_cost()))
+        if defs.bad_lines:
+            n = defs.bad_lines
+            out.append(Damage(defs.path, f"{n} line{'s are' if n != 1 else ' is'} not readable definitions", r,
+                              self._defs_cost()))
+        return out
+
+    def _defs_cost(self) -> str:
+        return (f"records name what it no longer defines: rank {self.rank} is judged unreadable" if self.defs_lost()
+                else "every record read is whole")
+
+    def defs_lost(self) -> bool:
+        """Whether a record names a definition its definitions file lost (a group, a signature)."""
+        if not (self.defs._partial.strip() or self.defs.bad_lines):
+            return False
+        return any(r["group"].startswith("?") or r["op"] == "unknown" for r in self.all_records())
+
     def snapshot_entry(self, samples_since: float | None = None) -> dict:
         """samples_since: the stack samples taken from then on (the live exchange sends the newest
         few seconds each round); None: every sample kept."""
         # A rank whose tracing stepped aside (its folder filled up) runs on unseen: judged as
         # unreadable, never as dead or stuck at its last record. `dump` still shows its records.
-        error = self.error or (self.ring.stopped and "tracing stopped on this rank (its trace folder is full)")
+        # So is one whose ring was cut short past where it last wrote: where it is, is lost.
+        error = self.error or (self.ring.stopped and "tracing stopped on this rank (its trace folder is full)") or (
+            self.ring.cut and self.ring.newest_lost and "its ring file is cut short: its newest records are lost")
         if error:
             return build.unreadable_entry(self.rank, error)
         status, exit_info = self.status()
@@ -596,7 +634,8 @@ def load_traces(directory: str, window: int | None = None) -> list[RankTrace]:
 
 
 def read_saved(directory: str) -> dict | None:
-    """snapshot.json, written by a live watchdog or `colltrace dump --from-store`; None if absent."""
+    """snapshot.json, written by a live watchdog or `colltrace dump --from-store`; None if absent.
+    Raises TraceError when it cannot be read."""
     path = os.path.join(directory, "snapshot.json")
     if not os.path.exists(path):
         return None
@@ -609,10 +648,56 @@ def read_saved(directory: str) -> dict | None:
         raise TraceError(str(exc)) from None
 
 
-def load_snapshot(directory: str) -> dict:
+def load_snapshot(directory: str, damage: list[Damage] | None = None) -> dict:
     """The analyzer's input, from the files alone. A snapshot.json written by a live
-    watchdog or `colltrace dump --from-store` supplies what files cannot (liveness, live stacks)."""
-    saved = read_saved(directory)
-    traces = load_traces(directory) if rank_files(directory) else []
+    watchdog or `colltrace dump --from-store` supplies what files cannot (liveness, live stacks).
+    damage: a list to add each damaged file to, with its reason; given, the folder is judged from
+    what is readable (a snapshot.json cut short beside readable rings is one damaged file), and
+    TraceError is raised only when nothing is. Not given: a damaged snapshot.json is a TraceError,
+    as before."""
+    files = rank_files(directory)
+    try:
+        saved = read_saved(directory)
+    except TraceError as exc:
+        if damage is None or not files:
+            raise
+        saved = None
+        path = os.path.join(directory, "snapshot.json")
+        reason = str(exc).split(": ", 1)[1] if str(exc).startswith(path + ": ") else str(exc)
+        damage.append(Damage(path, reason, cost="judged from the rank files alone"))
+    traces = load_traces(directory) if files else []
+    recorded, bad = recorded_findings(directory)
+    if damage is not None:
+        for tr in traces:
+            damage.extend(tr.damage())
+        damage.extend(bad)
+        if traces and all(tr.error for tr in traces) and saved is None:
+            raise nothing_readable(directory, damage)
     entries = {str(tr.rank): tr.snapshot_entry() for tr in traces}
-    return build.from_files(entries, groups_of(traces), saved)
+    for tr in traces:   # post-mortem only: live, a line being written is not yet a lost one
+        if tr.defs_lost():
+            entries[str(tr.rank)] = build.unreadable_entry(tr.rank, "its definitions file is cut short: its records "
+                                                                    "name what it lost")
+    return build.from_files(entries, groups_of(traces), saved, judged_at=_acted_on_at(directory, recorded))
+
+
+def nothing_readable(directory: str, damage: list[Damage]) -> TraceError:
+    """The one line for a folder none of whose files could be read (each reason on a warning line)."""
+    if not damage:
+        return TraceError(f"{directory}: nothing readable")
+    names = [os.path.basename(d.file) for d in damage]
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    first = next((d for d in damage if d.rank is not None), damage[0])
+    return TraceError(f"{directory}: nothing readable, every file is damaged ({shown}); "
+                      f"{os.path.basename(first.file)}: {first.reason}")
+
+
+def _acted_on_at(directory: str, recorded: list[dict]) -> float | None:
+    """When the finding colltrace ended the job for was made (COLLTRACE_ON_HANG=abort), from the
+    folder's ended-*.json and findings.jsonl: what followed it is colltrace's doing, so the folder is
+    judged as of then, and says what the live watchdog said (the same waits, to the tenth of a
+    second). None when colltrace ended no rank or the finding is not recorded."""
+    keys = {e.get("finding") for e in endings.read(directory).values()} - {None}
+    times = [float(f["detected_at"]) for f in recorded
+             if f.get("key") in keys and isinstance(f.get("detected_at"), (int, float))]
+    return min(times) if times else None

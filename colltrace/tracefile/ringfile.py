@@ -184,30 +184,39 @@ class RingReader:
         self._mm = None
         self.slots = 0
         self.stopped = False   # the writer stepped aside (its folder was full): no more slots
+        self.readable = 0      # slots the file holds: fewer than `slots` in a copy cut short
+        self.cut: tuple[int, int] | None = None   # (bytes there, bytes the header promises) when cut short
+        self.cut_lost = 0      # slots written past the cut, lost with it
+        self.newest_lost = False   # the scan for new slots stopped at the cut: the newest may be past it
 
     def _open(self):
         with open(self.path, "rb") as f:
             st = os.fstat(f.fileno())
             if st.st_size < HEADER_SIZE:
-                raise RingFormatError(f"{self.path}: too short to be a colltrace ring ({st.st_size} bytes)")
+                raise RingFormatError(f"{self.path}: too short to be a colltrace ring ({st.st_size} bytes, "
+                                      f"its header alone is {HEADER_SIZE})")
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         magic, version, slot_size, slots, _, pid, _created = HEADER.unpack_from(mm, 0)
-        if magic != MAGIC or slot_size != SLOT_SIZE or version != VERSION:
+        if magic != MAGIC or slot_size != SLOT_SIZE or version != VERSION or slots <= 0:
             mm.close()
             raise RingFormatError(f"{self.path}: not a colltrace ring (bad magic or version)")
-        if HEADER_SIZE + slots * SLOT_SIZE > len(mm):
-            mm.close()
-            raise RingFormatError(f"{self.path}: truncated ring ({len(mm)} bytes for {slots} slots)")
+        size, want = len(mm), HEADER_SIZE + slots * SLOT_SIZE
+        # A copy cut short (a transfer that stopped, a full disk at the destination): the slots it
+        # holds are read; those past the cut are lost, and said so (ringfile's readers name it).
+        self.readable = min(slots, (size - HEADER_SIZE) // SLOT_SIZE)
+        self.cut = (size, want) if size < want else None
         self._mm, self._ino, self.slots, self.pid = mm, st.st_ino, slots, pid
         self.stopped = False
         self.next_serial = 0
 
     def reopened(self) -> bool:
-        """True when the file was replaced (a restarted rank) since the last poll."""
+        """True when the file was replaced (a restarted rank) since the last poll, or, read cut
+        short, has grown since (a copy still arriving: it is read again, whole)."""
         try:
-            return os.stat(self.path).st_ino != self._ino
+            st = os.stat(self.path)
         except FileNotFoundError:
             return False
+        return st.st_ino != self._ino or (self.cut is not None and st.st_size != self.cut[0])
 
     def poll(self) -> list[tuple]:
         if self._mm is None or self.reopened():
@@ -220,8 +229,11 @@ class RingReader:
         # The header count is a hint refreshed with the heartbeat: scan forward from what we
         # know by commit numbers, jumping ahead where the ring wrapped past us.
         end = max(count, self.next_serial)
-        slots = self.slots
+        slots, readable = self.slots, self.readable
         while True:
+            if end % slots >= readable:   # past the cut: what follows cannot be known
+                self.newest_lost = True
+                break
             commit = SLOT.unpack_from(mm, HEADER_SIZE + (end % slots) * SLOT_SIZE)[-1]
             if commit == end + 1:
                 end += 1
@@ -235,6 +247,10 @@ class RingReader:
             start = end - self.slots
         out = []
         for serial in range(start, end):
+            if serial % slots >= readable:
+                self.lost += 1
+                self.cut_lost += 1
+                continue
             s = SLOT.unpack_from(mm, HEADER_SIZE + (serial % self.slots) * SLOT_SIZE)
             if s[-1] != serial + 1:  # overwritten or torn while we read
                 if s[-1] > serial + 1:

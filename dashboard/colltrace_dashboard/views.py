@@ -13,7 +13,7 @@ from collections import Counter
 
 from colltrace.reporters import native, phrases, stacks, text as report
 from colltrace.reporters.locations import located
-from colltrace.words import format_ranks, frame_text, short_ranks
+from colltrace.words import counted, format_ranks, frame_text, short_ranks
 from colltrace.model.finding import Finding
 from colltrace.model.schema import UNREADABLE, WAITING
 
@@ -294,11 +294,11 @@ def build(reading, source, late=None) -> dict:
     n = len(findings)
     ranks = rank_view(snap, now)
     if n:
-        headline = f"{n} problem{'s' if n != 1 else ''} found"
+        headline = counted(n, "finding")   # the words `colltrace run` and `analyze` use
     elif reading.mode == "live":
-        headline = f"No problem found so far ({ranks['total']} rank{'s' if ranks['total'] != 1 else ''} watched)"
+        headline = f"No findings so far ({counted(ranks['total'], 'rank')} watched)"
     else:
-        headline = "No problem found in this trace"
+        headline = "No findings in this trace"
     return {
         "source": {"kind": source.kind, "label": source.label},
         "mode": reading.mode, "taken_at": now, "generated_at": time.time(), "note": reading.note,

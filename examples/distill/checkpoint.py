@@ -23,8 +23,12 @@ class CheckpointManager:
         self.keep = keep
 
     @classmethod
-    def instance(cls, dump_dir: str, ipc) -> "CheckpointManager":
+    def instance(cls, dump_dir: str, ipc, resume: bool = False) -> "CheckpointManager":
         mgr = cls(dump_dir, ipc)
+        if not resume and ipc.is_master:
+            # A new run: what an earlier run saved here is replaced, never resumed unasked (the
+            # other ranks read the folder only after the barrier below).
+            shutil.rmtree(mgr.root, ignore_errors=True)
         mgr.instantiate_and_make_dir(mgr.root)
         return mgr
 

@@ -1,7 +1,7 @@
 """A teacher/student distillation trainer in the shape of a real team's job (lingua's
 apps/main/train.py with a distillation rank), small enough for CPU and gloo.
 
-    torchrun --standalone --nproc-per-node 4 examples/distill/train.py [--bug NAME] [--steps 30]
+    torchrun --standalone --nproc-per-node 4 examples/distill/train.py [--bug NAME] [--steps 30] [--resume]
 
 Ranks 0..N-2 train a student, data parallel (DDP or FSDP2) over their own group; rank N-1
 serves a teacher. Every step the training ranks gather their token batches to the teacher, it
@@ -51,7 +51,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--probe-freq", type=int, default=10, help="0: no probe folder")
     p.add_argument("--preempt-at-step", type=int, default=None,
                    help="rank 0 receives SIGUSR2 at this step, as from the scheduler before preemption")
-    p.add_argument("--dump-dir", default=os.environ.get("DISTILL_DUMP_DIR", "distill-out"))
+    p.add_argument("--dump-dir", default=os.environ.get("DISTILL_DUMP_DIR", "distill-out"),
+                   help="checkpoints and the probe folder (default: distill-out, ignored by git)")
+    p.add_argument("--resume", action="store_true",
+                   help="resume from the newest checkpoint in --dump-dir; without it a run starts at step 0 and "
+                        "replaces the checkpoints an earlier run left there")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--setup-s", type=float, default=0.0,
                    help="the training ranks compute this many seconds building their model first, as a large "
@@ -150,8 +154,8 @@ def train(args, ipc: InterProcessComm, dataset, loader, preempted: dict) -> None
         student.crash_on_call = 3
     model = wrap(student, args, ipc)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    checkpoint = CheckpointManager.instance(args.dump_dir, ipc)  # line: ckpt_setup
-    start = checkpoint.load(model, optimizer)
+    checkpoint = CheckpointManager.instance(args.dump_dir, ipc, resume=args.resume)  # line: ckpt_setup
+    start = checkpoint.load(model, optimizer) if args.resume else 0
     if loader is None:
         loader = build_loader(dataset, args.batch_size, ipc.train_rank, len(ipc.training_ranks), seed=args.seed)
     logger.info("waiting for the teacher")

@@ -98,7 +98,7 @@ def test_healthy_folder_has_no_finding(recorded):
     with client(FolderSource(recorded["healthy"])) as c:
         view = c.get("/api/view").json()
         metrics = c.get("/metrics").text
-    assert view["findings"] == [] and view["verdict"]["headline"] == "No problem found in this trace"
+    assert view["findings"] == [] and view["verdict"]["headline"] == "No findings in this trace"
     assert "colltrace_hang_suspected 0.0" in metrics
 
 

@@ -39,7 +39,7 @@ def test_the_finding_appears_without_a_reload(spawn, browser, tmp_path):
     text = finding.inner_text()
     assert "Deadlock across groups 0 and 2" in text
     assert "scenarios.py" in text and "save_checkpoint" in text and "teacher_gather" in text
-    assert page.locator("#headline").inner_text() == "1 problem found"
+    assert page.locator("#headline").inner_text() == "1 finding"
     assert page.locator("#rank-rows tr").count() == 2                   # ranks 0-2 | rank 3
     assert page.locator("tr.laggard").count() >= 1
     assert docs == [url], f"the page was reloaded: {docs}"

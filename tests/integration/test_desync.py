@@ -32,7 +32,7 @@ def test_out_of_step_ranks_are_a_warning_not_a_finding(gloo_job):
     assert places == {(0,): ("desync.py", "log_metrics", "all_reduce"), (1,): ("desync.py", "sync_grads", "all_reduce")}
     text = analyze(job.dir)
     assert text.returncode == 0
-    assert "no problems found" in text.stdout and "1 warning" in text.stdout
+    assert "colltrace: no findings" in text.stdout and "1 warning" in text.stdout
     assert "desync.py:8 (log_metrics)" in text.stdout and "desync.py:12 (sync_grads)" in text.stdout
 
 

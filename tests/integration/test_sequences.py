@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -103,7 +104,7 @@ def test_stall_that_ends_by_itself_is_said_once_and_nothing_is_ended(torchrun_jo
     (stall,) = job.findings()
     assert stall["kind"] == "stall" and stall["missing_ranks"] == [0, 1, 2]
     assert job.err.count(f"{stall['key']} is over") == 1
-    assert "ending ranks" not in job.err
+    assert "COLLTRACE_ON_HANG=abort (" not in job.err
     assert not [n for n in os.listdir(job.dir) if n.startswith("ended-")]
 
 
@@ -111,12 +112,13 @@ def test_distill_example_with_a_long_setup_through_colltrace_run(tmp_path):
     """The shipped example as the real job had it: the training ranks build their model for
     longer than the stall threshold while the teacher already waits; then their checkpoint barrier
     on the default group closes the cycle. `colltrace run` names the deadlock, ends the job, and
-    after the launcher's own report repeats the verdict and says whose SIGKILL that was."""
+    after the launcher's own report (shown whole: --no-fold) says whose SIGKILL that was and
+    repeats the verdict, last."""
     example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "distill", "train.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith("COLLTRACE")}
     env.update(OMP_NUM_THREADS="1", DISTILL_DUMP_DIR=str(tmp_path / "dump"))
     out = str(tmp_path / "trace")
-    p = subprocess.run([sys.executable, "-m", "colltrace", "run", "--dir", out, "--stall-s", str(STALL_S),
+    p = subprocess.run([sys.executable, "-m", "colltrace", "run", "--no-fold", "--dir", out, "--stall-s", str(STALL_S),
                         "--on-hang", "abort", "--", sys.executable, "-m", "torch.distributed.run", "--standalone",
                         "--nproc-per-node=4", example, "--bug", "checkpoint_barrier", "--setup-s", str(SETUP_S)],
                        env=env, capture_output=True, text=True, timeout=180, start_new_session=True)
@@ -131,5 +133,8 @@ def test_distill_example_with_a_long_setup_through_colltrace_run(tmp_path):
     verdict = [line for line in tail.splitlines() if line.startswith("colltrace: verdict: ")]
     assert verdict == [f"colltrace: verdict: {f['summary'][:len(verdict[0]) - len('colltrace: verdict: ')]}"]
     assert verdict[0].startswith("colltrace: verdict: Deadlock across groups")
-    assert "killed by SIGKILL" in tail and "were ended by colltrace" in tail and "abort: deadlock" in tail
+    assert re.search(r"^colltrace: ended ranks 0-3 with SIGKILL at \d\d:\d\d:\d\d \(COLLTRACE_ON_HANG=abort: "
+                     r"deadlock\)$", tail, re.M), tail
+    assert tail.count("exitcode  : -9") == 4 and not os.path.exists(os.path.join(out, "launcher.txt"))
     assert "1 finding (and 1 earlier stall superseded by it)" in tail
+    assert tail.rstrip("\n").splitlines()[-3] == verdict[0] and p.returncode == 1   # torchrun's code

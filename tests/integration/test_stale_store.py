@@ -85,7 +85,8 @@ def test_a_pytorch_test_session_with_an_earlier_tests_master_port_prints_what_it
     def start(traced: bool):
         d = str(tmp_path / f"trace-{traced}")
         env = dict(base, COLLTRACE="1", COLLTRACE_DIR=d) if traced else base
-        proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
+        # -o addopts=: a user's session, not this suite's options (its --durations lines differ run to run)
+        proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-o", "addopts=",
                                  os.path.join(JOBS, "mptc_stale_env.py")], cwd=tmp_path / str(traced), env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         return proc, d

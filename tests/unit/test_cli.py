@@ -1,13 +1,72 @@
 """Bad input to the CLI: one clear line on stderr, exit 2, no traceback."""
 from __future__ import annotations
 
+import os
 
 import pytest
 from helpers.cli import run_cli
 
 
+DEADLOCK = os.path.join(os.path.dirname(__file__), "..", "fixtures", "recorded", "deadlock")
+
+
 def cli(*args):
     return run_cli(*args)
+
+
+@pytest.mark.parametrize("args,named", [
+    (["analyze", "--bogus"], "--bogus"),                 # not "the following arguments are required: dir"
+    (["analyze", DEADLOCK, "--bogus"], "--bogus"),
+    (["dump", "--bogus=3"], "--bogus=3"),
+    (["export", "--bogus", DEADLOCK], "--bogus"),
+])
+def test_an_unknown_flag_is_named_before_a_missing_argument(args, named):
+    out = cli(*args)
+    assert out.returncode == 2 and out.stderr == f"colltrace: error: unrecognized arguments: {named}\n", out.stderr
+
+
+def test_an_abbreviated_flag_and_a_negative_value_are_no_unknown_flags():
+    assert cli("analyze", DEADLOCK, "--stall=4").returncode == 1
+    out = cli("analyze", DEADLOCK, "--stall-s", "-4")
+    assert out.returncode == 2 and "--stall-s: must be >= 0" in out.stderr
+
+
+def test_dump_of_a_rank_not_in_the_folder_names_the_ranks_it_has():
+    out = cli("dump", DEADLOCK, "--rank", "1", "--rank", "9")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().endswith("rank 9: not in " + DEADLOCK + " (its ranks: 0-3)")
+
+
+def test_dump_heads_its_columns_and_shows_the_last_records_asked_for():
+    out = cli("dump", DEADLOCK, "--rank", "0", "--last", "1")
+    assert out.returncode == 0
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("time: seconds since the first record (")
+    assert lines[1].split() == ["time", "group", "number", "op", "state", "took", "shapes", "dtypes", "where"]
+    assert lines[2] == "rank 0: 3 records (last 1 shown)" and len(lines) == 4
+    assert lines[3].index("s  group") == lines[1].index("time") + len("time") - 1   # the times end under "time"
+
+
+def test_run_help_shows_the_job_after_the_double_dash():
+    out = cli("run", "--help")
+    assert out.returncode == 0 and " -- CMD [ARG ...]" in " ".join(out.stdout.split("options:")[0].split())
+
+
+def test_lint_of_a_folder_without_python_files_is_bad_input(tmp_path):
+    (tmp_path / "notes.txt").write_text("dist.barrier()\n")
+    out = cli("lint", tmp_path)
+    assert out.returncode == 2 and out.stderr == f"colltrace: error: no Python files in {tmp_path}\n"
+
+
+def test_every_count_says_finding_the_same_way(tmp_path):
+    """analyze, export and run (reporters/ending.py) count findings in one wording."""
+    from colltrace.words import counted
+
+    assert [counted(n, "finding") for n in (0, 1, 2)] == ["no findings", "1 finding", "2 findings"]
+    analyzed = cli("analyze", DEADLOCK)
+    assert analyzed.returncode == 1 and "colltrace: 1 finding\n" in analyzed.stdout
+    exported = cli("export", DEADLOCK, "--perfetto", tmp_path / "t.json")
+    assert exported.returncode == 0 and ", 1 finding)" in exported.stderr, exported.stderr
 
 
 @pytest.mark.parametrize("args", [
@@ -19,9 +78,15 @@ def cli(*args):
     ["run", "--stall-s", "-1", "--", "true"],
     ["run", "--abort-stall-s", "-1", "--", "true"],
     ["dump", "DIR", "--from-store", "nohostport"],
+    ["analyze", "RECORDED", "--stall-s", "-3"],
+    ["export", "RECORDED", "--perfetto", "DIR/t.json", "--stall-s", "-3"],
+    ["dump", "RECORDED", "--last", "-1"],
+    ["dump", "RECORDED", "--last", "0"],
+    ["dump", "RECORDED", "--rank", "9"],
+    ["lint", "DIR"],
 ])
 def test_bad_usage_is_one_line_and_exit_2(args, tmp_path):
-    args = [str(tmp_path) if a == "DIR" else a for a in args]
+    args = [a.replace("DIR", str(tmp_path)).replace("RECORDED", DEADLOCK) for a in args]
     out = cli(*args)
     assert out.returncode == 2, out
     lines = out.stderr.strip().splitlines()

@@ -51,3 +51,29 @@ def test_what_build_hooks_saves_is_one_figure_in_the_help_the_install_notes_and_
     for where, words in (("build-hooks' help", BuildHooksCommand.help), ("Install", install), ("the FAQ", faq)):
         said = re.findall(r"\+[\d,]{3,}", words)
         assert sorted(said) == sorted(measured), f"{where} says {said}; benchmarks/README.md measured {measured}"
+
+
+def test_nothing_of_a_run_is_in_the_clone_and_run_folders_are_ignored():
+    """What the README's commands leave in the repository root (colltrace run's folders, the
+    example's checkpoints) is never shipped: a newcomer's first run starts where ours did not."""
+    import subprocess
+
+    with open(os.path.join(ROOT, ".gitignore")) as f:
+        ignored = f.read().splitlines()
+    assert "/colltrace-out/" in ignored and "/distill-out/" in ignored
+    if os.path.exists(os.path.join(ROOT, ".git")):   # a clone (CI's, a developer's): nothing of a run tracked
+        tracked = subprocess.run(["git", "ls-files", "--", "colltrace-out", "distill-out"], cwd=ROOT,
+                                 capture_output=True, text=True, timeout=30)
+        assert tracked.returncode == 0 and tracked.stdout == ""
+
+
+def test_the_closing_verdict_is_cut_at_a_words_end():
+    from colltrace.model.finding import Finding
+    from colltrace.reporters.text import headline
+
+    words = " ".join(f"word{i}" for i in range(200))
+    f = Finding.from_json({"kind": "stall", "summary": f"Stall: {words}. The rest."})
+    cut = headline(f, limit=100)
+    assert len(cut) <= 100 and cut.endswith(" …") and cut[:-2] == f"Stall: {words}"[:len(cut) - 2]
+    assert re.fullmatch(r"Stall: (word\d+ )*word\d+ …", cut), cut
+    assert headline(Finding.from_json({"kind": "stall", "summary": "Short. Then more."})) == "Short."

@@ -93,7 +93,7 @@ def test_empty_or_foreign_folder_is_exit_2_naming_the_file(tmp_path, content):
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("colltrace: error:") and "Traceback" not in out.stderr
         assert ("dump_0" if content is not None else "no colltrace traces") in lines[0]
-        assert "no problems found" not in out.stdout
+        assert "no findings" not in out.stdout
 
 
 class _Boom:

@@ -121,6 +121,6 @@ def test_a_superseded_stall_is_one_line_in_the_report():
                   superseded_by="deadlock:0#3,2#1")
     dl = Deadlock(key="deadlock:0#3,2#1", summary="Deadlock.", supersedes=["stall:2:1"], cycle=[], ranks={})
     report = text.render_report([stall, dl])
-    assert report.startswith("colltrace: 1 problem found (and 1 earlier stall that turned into it)")
+    assert report.startswith("colltrace: 1 finding (and 1 earlier stall that turned into it)")
     assert "[1] Superseded by [2] below: the stall reported at" in report and "Stall: rank 3 has waited 3.1 s" in report
     assert report.count("Stall: rank 3") == 1

@@ -28,3 +28,5 @@ for step, (x, y) in enumerate(loader):
     opt.zero_grad()
 accelerator.wait_for_everyone()
 print("DONE", flush=True)
+del model, opt, loss   # nothing of ours may hold a group past its destruction (gloo aborts at exit)
+accelerator.end_training()   # destroys the process group

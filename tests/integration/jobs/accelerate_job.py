@@ -41,6 +41,8 @@ def main():
         with open(out, "w") as f:
             f.write(hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in params)).hexdigest())
     print("DONE", flush=True)
+    del model, opt, loss   # nothing of ours may hold a group past its destruction (gloo aborts at exit)
+    accelerator.end_training()     # destroys the process group
 
 
 main()

@@ -60,6 +60,7 @@ counts = {str(dist.group.WORLD.group_name): dist.group.WORLD._get_sequence_numbe
           str(sub.group_name): sub._get_sequence_number_for_group()}
 print("COUNTS " + json.dumps({"rank": rank, "counts": counts, "world_name": str(dist.group.WORLD.group_name),
                               "sub_name": str(sub.group_name), "result": x.tolist()}))
+del model, sub   # nothing of ours may hold a group past its destruction (gloo aborts at exit)
 dist.destroy_process_group()
 plan = getattr(dist.all_reduce, "__colltrace_plan__", None)   # colltrace's compiled hot path, if it is on
 rooted = [getattr(getattr(dist, n), "__colltrace_plan__", None) for n in ("broadcast", "reduce", "gather", "scatter")]

@@ -73,6 +73,7 @@ if shim is not None and shim.recorder is not None:   # tracing steps aside for g
     shim.recorder.disable("this job's own test")
 for _ in range(3):
     dist.all_reduce(tensors[0])   # op: after_disable
+sub = None   # nothing of ours may hold a group past its destruction (gloo aborts at exit)
 dist.destroy_process_group()
 plan = getattr(dist.all_reduce, "__colltrace_plan__", None)
 rooted = [getattr(getattr(dist, n), "__colltrace_plan__", None) for n in ("broadcast", "reduce", "gather", "scatter")]

@@ -58,4 +58,6 @@ names = {k: str(pg.group_name) for k, pg in (("dp", mesh.get_group("dp")), ("tp"
                                               ("sub", sub), ("world", dist.group.WORLD))}
 names["mixed"] = str(mixed.group_name)
 print("COUNTS " + json.dumps({"rank": rank, "groups": groups, "names": names, "compiled": y.tolist(), "mixed": mixed_seq}))
+del model, opt, loss, mesh, sub, mixed   # nothing of ours may hold a group past its destruction (gloo aborts at exit)
+torch._dynamo.reset()   # nor the compiled function's guards
 dist.destroy_process_group()

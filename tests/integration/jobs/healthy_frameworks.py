@@ -50,4 +50,5 @@ state = {"model": model.state_dict()}
 dcp.load(state, checkpoint_id=ckpt)
 dist.barrier()
 print("DONE", flush=True)
+del ddp, model, opt, mesh, d, r, state   # nothing of ours may hold a group past its destruction (gloo aborts at exit)
 dist.destroy_process_group()

@@ -4,6 +4,7 @@ loader passed in with use_distributed_sampler=False, so every rank reads the sam
 
     torchrun --standalone --nproc-per-node 2 lightning_batches.py SCENARIO
 """
+import gc
 import sys
 
 import lightning as L
@@ -34,3 +35,6 @@ trainer = L.Trainer(accelerator="cpu", devices=2, num_nodes=1, strategy=DDPStrat
                     enable_model_summary=False, use_distributed_sampler=scenario != "own_loader")
 trainer.fit(Model(), loader)
 print("DONE", flush=True)
+del trainer   # nothing of ours may hold a group past its destruction (gloo aborts at exit)
+gc.collect()  # Lightning's objects refer to each other
+torch.distributed.destroy_process_group()

@@ -3,6 +3,7 @@ user's own in their LightningModule. `# op:` comments mark the lines a verdict m
 
     torchrun --standalone --nproc-per-node 2 lightning_job.py SCENARIO OUT
 """
+import gc
 import hashlib
 import sys
 
@@ -44,3 +45,6 @@ if trainer.global_rank == 0:
     with open(out, "w") as f:
         f.write(hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest())
 print("DONE", flush=True)
+del trainer, model   # nothing of ours may hold a group past its destruction (gloo aborts at exit)
+gc.collect()         # Lightning's objects refer to each other
+torch.distributed.destroy_process_group()

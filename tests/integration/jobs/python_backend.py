@@ -52,4 +52,5 @@ else:
     dist.barrier(group=py)
     dist.barrier()
 print("RESULT", float(x.sum()))
+gloo = py = None   # nothing of ours may hold a group past its destruction (gloo aborts at exit)
 dist.destroy_process_group()
