@@ -83,6 +83,12 @@ def unseen_note(torch) -> str | None:
     pg = getattr(getattr(torch, "distributed", None), "ProcessGroup", None)
     if callable(getattr(pg, "register_pre_hook", None)):
         return None   # c10d's hooks record them as they are issued
+    try:
+        backend = str(torch.distributed.get_backend())
+    except Exception:
+        backend = None
+    if backend is not None and "gloo" not in backend and "nccl" not in backend:
+        return None   # a backend of the program's own (Python-defined): no recorder of torch's lists it either way
     dump = getattr(getattr(torch._C, "_distributed_c10d", None), "_dump_fr_trace_json", None)
     if dump is None:
         lacks, fix = "no Flight Recorder dump (torch._C._distributed_c10d._dump_fr_trace_json)", ""

@@ -560,6 +560,8 @@ static PyObject *py_disposition(PyObject *self, PyObject *args)
         return PyLong_FromLong(0);
     if (!(now.sa_flags & SA_SIGINFO) && now.sa_handler == SIG_IGN)
         return PyLong_FromLong(1);
+    if ((now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_fatal)
+        return PyLong_FromLong(3);
     return PyLong_FromLong(2);
 }
 
@@ -579,7 +581,7 @@ static PyMethodDef methods[] = {
      "main_stack(thread_ident, timeout_s): that thread's native frames (addresses, innermost first) or None"},
     {"install_terminate", py_terminate, METH_VARARGS,
      "install_terminate(fd): write an uncaught C++ exception's type and what() to fd, then chain"},
-    {"disposition", py_disposition, METH_VARARGS, "disposition(signal): 0 default, 1 ignored, 2 a handler"},
+    {"disposition", py_disposition, METH_VARARGS, "disposition(signal): 0 default, 1 ignored, 2 a handler, 3 colltrace's own"},
     {"lock_free_unwind", py_lock_free_unwind, METH_NOARGS, "whether unwinding takes no loader lock"},
     {NULL, NULL, 0, NULL},
 };

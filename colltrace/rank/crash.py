@@ -21,7 +21,8 @@ except ImportError:   # not built (no C compiler at install): signals and Python
 from colltrace.tracefile import native
 
 FATAL = ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT")
-LIVE_WAIT_S = 0.05     # a signal reaches a thread blocked in a system call at once
+LIVE_WAIT_S = 0.25     # a signal reaches a thread blocked in a system call at once; a busy machine may
+                       # schedule it late (the answer returns as soon as it is there: only a poller waits)
 
 _state: dict = {}      # this process's open files: pid -> (native file's path, its fd, the maps' fd); "stack"
 
@@ -38,6 +39,21 @@ def own_handlers() -> list[str]:
     for name in FATAL:
         try:
             if _crash.disposition(int(getattr(signal, name))) == 2:   # a handler (signal.getsignal sees only Python's)
+                out.append(name)
+        except (AttributeError, ValueError, OSError):
+            continue
+    return out
+
+
+def taken_over() -> list[str]:
+    """The fatal signals whose handler, once colltrace's, is now another's: a program (or library)
+    that set its own after colltrace's recorder started at the interpreter's start (rank/early.py)."""
+    if _crash is None or os.getpid() not in _state:
+        return []
+    out = []
+    for name in FATAL:
+        try:
+            if _crash.disposition(int(getattr(signal, name))) == 2:
                 out.append(name)
         except (AttributeError, ValueError, OSError):
             continue

@@ -75,10 +75,7 @@ def start(environ=os.environ) -> None:
 
     try:
         rec = Recorder(settings, rank, world, "", job=identity.job_id(environ=environ, where=where))
-    except storage.StorageError as exc:   # a full trace folder: said at init_process_group, as ever
-        import sys
-
-        sys.stderr.write(f"colltrace: warning: {exc}\n")
+    except storage.StorageError:   # a full trace folder: said once, at init_process_group, as ever
         return
     rec.store_id = where
     rec.lasting = setup.lasting   # the store waits that last are recorded

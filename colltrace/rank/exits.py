@@ -145,13 +145,15 @@ def _patch(owner, name, factory) -> None:
 def install() -> None:
     """Wrap the exit calls (idempotent). Each wrapper calls the original as it was called."""
     global _fork_hook
-    if _originals:
-        return
-    _patch(sys, "exit", _wrap_exit)
-    _patch(os, "_exit", _wrap_os_exit)
+    # exit() and quit() first: site defines them after the .pth files run, so a recorder started
+    # at the interpreter's start (rank/early.py) finds none, and they are wrapped at the next call
     quitter = type(getattr(__import__("builtins"), "exit", None))
     if quitter.__module__ == "_sitebuiltins":   # absent under python -S
         _patch(quitter, "__call__", _wrap_quitter)
+    if (sys, "exit") in _originals:
+        return
+    _patch(sys, "exit", _wrap_exit)
+    _patch(os, "_exit", _wrap_os_exit)
     if not _fork_hook:   # a forked child (a DataLoader worker) made none of its parent's calls
         _fork_hook = True
         os.register_at_fork(after_in_child=forget)

@@ -197,6 +197,7 @@ class Recorder:
         self._drain_lock = threading.Lock()   # one drain at a time: a destroyed group's Works are not in the poller's hands
         self._stop = threading.Event()
         self._internal_error_reported = False
+        self.native_info_own: list = []   # the fatal signals the program had its own handler for
         self._install_fault_handler()
         self._raised: type | None = None   # the exception the main thread died of
         self._prev_excepthook = sys.excepthook
@@ -263,9 +264,24 @@ class Recorder:
             else:
                 faulthandler.enable(file=self._fault_file, all_threads=True)
         rec = crash.install(self.settings.dir, self.rank, own)
+        rec["faulthandler"] = self._fault_file is not None   # its stack comes to fault.txt after the native frames
+        self.native_info_own = list(own)
         if self._stack_signal_file is not None and rec.get("crash"):
             rec.update(crash.install_stack(self.settings.dir, self.rank, asks.stack_signal()))
         self.defs.write(rec)
+
+    def rearm(self) -> None:
+        """At init_process_group, for a recorder that started with the interpreter (rank/early.py):
+        exit() and quit(), which site defines after the start-up hook runs, and the fatal signals
+        whose handler the program set since (colltrace's goes above it again and passes each on),
+        as a recorder started here would find them."""
+        exits.install()
+        taken = crash.taken_over()
+        if taken:
+            own = sorted(set(taken) | set(self.native_info_own))
+            rec = crash.install(self.settings.dir, self.rank, own)
+            rec["faulthandler"] = self._fault_file is not None
+            self.defs.write(rec)
 
     def _excepthook(self, etype, value, tb):
         try:

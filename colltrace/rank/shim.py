@@ -549,6 +549,8 @@ def _ensure_recorder():
                                    f"{c10d.get_rank()} of {c10d.get_world_size()}")
             if rec is None:
                 rec = _new_recorder(c10d.get_rank(), c10d.get_world_size(), store, str(c10d.get_backend(pg)))
+            else:
+                rec.rearm()   # what the program set up since the recorder started (exit(), its own handlers)
             if store is not None:
                 from colltrace.rank import identity
 

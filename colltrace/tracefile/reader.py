@@ -439,8 +439,12 @@ class RankTrace:
             return fault
         if self._survived(crash):
             return None   # the program's own handler let it go on: not where it is, nor how it ended
+        # still being written (colltrace's handler, then faulthandler's down the chain): the rank
+        # is told dead once its process is gone, with all of it, not at the first line
+        writing = not crash["complete"]
         if crash.get("earlier_survived") or fault is None or not fault.get("signal"):
             # faulthandler's text (if any) is about a fault the rank lived through
+            writing = writing or bool(self.native_info.get("faulthandler"))   # colltrace's: its text comes next
             fault = {"signal": crash["signal"], "code": crash["code"], "frames": [], "threads": []}
         fault["native_frames"] = crash["native_frames"]
         shown = fault.get("thread")
@@ -450,7 +454,7 @@ class RankTrace:
             fault["native_other_thread"] = True
         if crash["native_exception"]:
             fault["native_exception"] = crash["native_exception"]
-        if crash["returned"] is None and crash["signal"] in (self.native_info.get("own_handlers") or ()):
+        if crash["returned"] is None and (writing or crash["signal"] in (self.native_info.get("own_handlers") or ())):
             fault["native_pending"] = True   # the program's handler runs: dead once its process is gone
         return fault
 
