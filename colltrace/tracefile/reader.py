@@ -125,9 +125,12 @@ def ending_of(exit_rec: dict | None, status: dict | None, exception: dict | None
 class RankTrace:
     """One rank's records, assembled from its ring and definitions files."""
 
-    def __init__(self, directory: str, rank: int, window: int | None = 512):
+    def __init__(self, directory: str, rank: int, window: int | None = 512, until: float | None = None):
+        """until: the time colltrace acted on the job (COLLTRACE_ON_HANG=abort); what ended a call
+        after it (the failure of a peer's call once colltrace ended a rank) is its own doing, not read."""
         self.rank = rank
         self.directory = directory
+        self.until = until
         base = os.path.join(directory, f"rank-{rank:05d}")
         self.ring = ringfile.RingReader(base + ".ring")
         self.defs = ringfile.DefsReader(base + ".defs.jsonl")
@@ -242,7 +245,7 @@ class RankTrace:
         """Read what was written since the last call; returns how many slots were new."""
         try:
             if self.ring.reopened():
-                self.__init__(os.path.dirname(self.ring.path), self.rank, self.window)
+                self.__init__(os.path.dirname(self.ring.path), self.rank, self.window, self.until)
             # The fault report before the ring: a rank seen dead is then never seen short of what
             # it wrote before it died (its last collective returned, say).
             self._read_fault()
@@ -273,6 +276,8 @@ class RankTrace:
 
     def _apply_slot(self, s: tuple) -> None:
         kind, flags, _, gid, sig_id, stack_id, tid, a32, seq, aux, t, rec_id, _ = s
+        if self.until is not None and t > self.until and kind in (COMPLETE, FAIL, WAITED):
+            return
         if kind == ENTER:
             sig = self.sigs.get(sig_id, {})
             p2p = bool(flags & F_P2P)
@@ -625,13 +630,13 @@ def _newest_job(traces: list[RankTrace]) -> list[RankTrace]:
     return [tr for tr in traces if ringfile.shared_job(tr.meta.get("job")) == newest or tr.error]
 
 
-def load_traces(directory: str, window: int | None = None) -> list[RankTrace]:
+def load_traces(directory: str, window: int | None = None, until: float | None = None) -> list[RankTrace]:
     files = rank_files(directory)
     if not files and not os.path.exists(os.path.join(directory, "snapshot.json")):
         raise TraceError(f"{directory}: no colltrace trace files (rank-*.ring) in this folder")
     traces = []
     for rank in files:
-        tr = RankTrace(directory, rank, window=window)
+        tr = RankTrace(directory, rank, window=window, until=until)
         tr.poll()
         traces.append(tr)
     return _newest_job(traces)
@@ -669,8 +674,9 @@ def load_snapshot(directory: str, damage: list[Damage] | None = None) -> dict:
         path = os.path.join(directory, "snapshot.json")
         reason = str(exc).split(": ", 1)[1] if str(exc).startswith(path + ": ") else str(exc)
         damage.append(Damage(path, reason, cost="judged from the rank files alone"))
-    traces = load_traces(directory) if files else []
     recorded, bad = recorded_findings(directory)
+    judged_at = _acted_on_at(directory, recorded)
+    traces = load_traces(directory, until=judged_at) if files else []
     if damage is not None:
         for tr in traces:
             damage.extend(tr.damage())
@@ -682,7 +688,7 @@ def load_snapshot(directory: str, damage: list[Damage] | None = None) -> dict:
         if tr.defs_lost():
             entries[str(tr.rank)] = build.unreadable_entry(tr.rank, "its definitions file is cut short: its records "
                                                                     "name what it lost")
-    return build.from_files(entries, groups_of(traces), saved, judged_at=_acted_on_at(directory, recorded))
+    return build.from_files(entries, groups_of(traces), saved, judged_at=judged_at)
 
 
 def nothing_readable(directory: str, damage: list[Damage]) -> TraceError:

@@ -20,7 +20,7 @@ from helpers.procs import stacks_of
 
 pytestmark = pytest.mark.slow
 
-JOBS = os.path.join(os.path.dirname(__file__), "jobs")
+JOBS = os.path.join(os.path.dirname(__file__), "..", "integration", "jobs")
 
 
 def _ip(*args: str) -> None:
