@@ -8,8 +8,8 @@ host's watchdog exist from the interpreter's start: a rank that never reaches in
 where it is (its live stack); one that waits in it is seen waiting. Without them (a test harness,
 mp.spawn) the recorder starts at init_process_group, as before.
 
-Costs the start of every such worker a few milliseconds (colltrace's modules, a ring file): torch
-is not imported. A process the rank starts (a spawned DataLoader worker, a compile worker) inherits
+Costs the start of every such worker about 40 ms of CPU (colltrace's modules, a ring file;
+benchmarks/setup_costs.py), small beside torch's import: torch is not imported. A process the rank starts (a spawned DataLoader worker, a compile worker) inherits
 the environment: it finds the rank's ring held by a live process, not itself, and stays out.
 """
 from __future__ import annotations
