@@ -2,11 +2,14 @@
 
     python benchmarks/detection.py [--repeats 3] [--stall-s 2] [--pytorch-timeout-s 20]
 
-For each scenario of tests/integration/jobs/scenarios.py (4 gloo ranks under torchrun):
+For each scenario of tests/integration/jobs/scenarios.py (4 gloo ranks under torchrun), and
+`run_ahead` (tests/integration/jobs/async_shapes.py, SHAPE=cross: NCCL's shape made on gloo, ranks
+0-2 enqueue an all_reduce with async_op=True that rank 3 never calls, run ahead through two more
+calls and park in Work.wait(); rank 3 parks in its own gather's wait):
   colltrace: COLLTRACE=1, default process-group timeouts, COLLTRACE_ON_HANG=abort. Latency is
     detected_at minus the moment the hang became certain: the last involved rank entering its
-    collective (mismatch, deadlock, stall), or the rank's death (dead_rank: its faulthandler
-    file's time).
+    collective (mismatch, deadlock, stall), the last rank parking in a wait (run_ahead), or the
+    rank's death (dead_rank: its faulthandler file's time).
   PyTorch alone: untraced; gloo's default timeout is 30 minutes, too long to wait here, so the
     same job runs with the timeout shortened to --pytorch-timeout-s to show what it prints then,
     and again with TORCH_DISTRIBUTED_DEBUG=DETAIL (which checks op and shapes before each
@@ -25,13 +28,19 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "..", "tests", "integration", "jobs", "scenarios.py")
-SCENARIOS = ["mismatch", "deadlock", "dead_rank", "stall"]
+JOBS = os.path.join(HERE, "..", "tests", "integration", "jobs")
+SCRIPT = os.path.join(JOBS, "scenarios.py")
+SCENARIOS = ["mismatch", "deadlock", "dead_rank", "stall", "run_ahead"]
+# a scenario of another job: (its script, its environment)
+OTHER_JOBS = {"run_ahead": (os.path.join(JOBS, "async_shapes.py"), {"SHAPE": "cross"})}
 GLOO_DEFAULT_TIMEOUT_S = 1800
 
 
 def torchrun(scenario: str, env: dict, timeout: float) -> tuple[int, str, float]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", SCRIPT, scenario]
+    script, extra = OTHER_JOBS.get(scenario, (SCRIPT, None))
+    args = [] if extra else [scenario]
+    env = dict(env, **(extra or {}))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", script, *args]
     t0 = time.time()
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     return p.returncode, p.stderr, time.time() - t0
@@ -48,7 +57,10 @@ def certain_at(finding: dict, directory: str) -> float:
         dead = [r for r, info in finding["ranks"].items() if info.get("state") == "dead"]
         path = os.path.join(directory, f"rank-{int(dead[0]):05d}.fault.txt")
         return os.path.getmtime(path)
-    entered = [info["entered_at"] for info in finding["ranks"].values() if info.get("entered_at")]
+    # a rank parked in a wait for an async call (or a blocking call queued behind it) is certain
+    # from its park on, one in a blocking collective from its entry
+    entered = [(info.get("parked") or {}).get("since") or info["entered_at"]
+               for info in finding["ranks"].values() if info.get("entered_at")]
     return max(entered)
 
 

@@ -57,12 +57,16 @@ def say_if_newer(version=None, stream=None) -> bool:
         if note is None:
             return False
         _said = True
-        stream = stream or sys.stderr
-        stream.write(note + "\n")
-        stream.flush()
-        return True
+        return _say(note, stream)
     except Exception:
         return False
+
+
+def _say(note: str, stream) -> bool:
+    stream = stream or sys.stderr
+    stream.write(note + "\n")
+    stream.flush()
+    return True
 
 
 def _flight_recorder_on(dump) -> bool | None:
@@ -115,9 +119,6 @@ def say_if_unseen(stream=None) -> bool:
         if note is None:
             return False
         _said_unseen = True
-        stream = stream or sys.stderr
-        stream.write(note + "\n")
-        stream.flush()
-        return True
+        return _say(note, stream)
     except Exception:
         return False

@@ -48,6 +48,7 @@ PROGRAM = textwrap.dedent('''\
         if how == "error":
             raise ValueError("bad shard")  # line: error
         if how == "interrupt":
+            signal.signal(signal.SIGINT, signal.default_int_handler)   # Ctrl-C as Python takes it, even run from a shell that ignores SIGINT (a background job)
             signal.raise_signal(signal.SIGINT)  # line: interrupt
         if how == "native":
             ctypes.CDLL(None).exit(9)

@@ -27,6 +27,7 @@ def load_shard(how):
     if how == "error":
         raise ValueError("no shard for this rank")  # op: end_error
     if how == "interrupt":
+        signal.signal(signal.SIGINT, signal.default_int_handler)   # Ctrl-C as Python takes it, even run from a shell that ignores SIGINT (a background job)
         signal.raise_signal(signal.SIGINT)  # op: end_interrupt
     return how != "return"   # return: the program ends early
 
