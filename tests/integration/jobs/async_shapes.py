@@ -74,8 +74,9 @@ elif shape in ("funcol", "funcol_hung"):
 
     mesh = init_device_mesh("cpu", (world,))
     full = distribute_tensor(torch.arange(4.0 * world).reshape(world, 4), mesh, [Shard(0)]).full_tensor()
-    end = time.time() + float(os.environ.get("IDLE_S", "0"))
-    while time.time() < end:   # then only default-group traffic, past the stall threshold
+    # then only default-group traffic, past the stall threshold: as many calls on every rank (a
+    # loop until a time of each rank's own would leave the last call of one rank unmatched)
+    for _ in range(int(float(os.environ.get("IDLE_S", "0")) / 0.05)):
         dist.all_reduce(torch.ones(2))
         time.sleep(0.05)
     print("DONE", float(full.sum()), flush=True)
