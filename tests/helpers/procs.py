@@ -26,3 +26,21 @@ def stacks_of(pids, limit: int = 6000) -> str:
             text = f"(no stack: {exc})"
         out.append(f"--- pid {p.pid}: {text[-1500:]}")
     return ("stacks before the kill:\n" + "\n".join(out))[:limit] if out else ""
+
+
+def kill_all(pid, directory):
+    """The inner session, its ranks, and the watchdogs (in sessions of their own) of `directory`."""
+    import psutil
+
+    procs = [p for p in psutil.process_iter(["cmdline"])
+             if "colltrace.host" in (p.info.get("cmdline") or []) and directory in (p.info.get("cmdline") or [])]
+    try:
+        parent = psutil.Process(pid)
+        procs += parent.children(recursive=True) + [parent]
+    except psutil.Error:
+        pass
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass

@@ -12,25 +12,8 @@ import pytest
 from helpers.jobs import findings
 
 JOBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jobs")
+from helpers.procs import kill_all  # noqa: E402
 import expecttest  # noqa: E402,F401 - torch.testing._internal needs it (the test extra): fail loudly without
-
-
-def kill_all(pid, directory):
-    """The inner session, its ranks, and the watchdogs (in sessions of their own) of `directory`."""
-    import psutil
-
-    procs = [p for p in psutil.process_iter(["cmdline"])
-             if "colltrace.host" in (p.info.get("cmdline") or []) and directory in (p.info.get("cmdline") or [])]
-    try:
-        parent = psutil.Process(pid)
-        procs += parent.children(recursive=True) + [parent]
-    except psutil.Error:
-        pass
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
 
 
 def funcs(finding):
