@@ -199,15 +199,19 @@ def fr_answered(directory: str, rank: int) -> bool:
         return False
 
 
-def untraced_since(data: dict | None, progress: dict) -> list[dict]:
+def untraced_since(data: dict | None, progress: dict, before: float | None = None) -> list[dict]:
     """The recorded collectives past the last number the trace saw on their group: what the rank
-    entered without colltrace seeing it (newest last). Point-to-point ops are left out."""
+    entered without colltrace seeing it (newest last). Point-to-point ops are left out, and those
+    made at or after `before` (when the trace was last read: a traced call writes its record
+    before torch's recorder has it, so one made since may be in the trace unread yet)."""
     if not isinstance(data, dict):
         return []
     out = []
     for e in data.get("entries") or []:
         try:
             if e.get("p2p"):
+                continue
+            if before is not None and e.get("t") and float(e["t"]) >= before:
                 continue
             seen = int((progress.get(str(e["group"])) or {}).get("entered", 0))
             if int(e["seq"]) > seen:

@@ -10,6 +10,7 @@ import glob
 import json
 import os
 import re
+import time
 
 from colltrace import origins
 from colltrace.words import group_desc
@@ -131,6 +132,7 @@ class RankTrace:
         self.rank = rank
         self.directory = directory
         self.until = until
+        self.polled_at: float | None = None
         base = os.path.join(directory, f"rank-{rank:05d}")
         self.ring = ringfile.RingReader(base + ".ring")
         self.defs = ringfile.DefsReader(base + ".defs.jsonl")
@@ -243,6 +245,7 @@ class RankTrace:
     # -- slots ----------------------------------------------------------------------------
     def poll(self) -> int:
         """Read what was written since the last call; returns how many slots were new."""
+        polled_at = time.time()
         try:
             if self.ring.reopened():
                 self.__init__(os.path.dirname(self.ring.path), self.rank, self.window, self.until)
@@ -257,6 +260,7 @@ class RankTrace:
             self.error = str(exc)
             return 0
         self.samples.poll()
+        self.polled_at = polled_at   # what was written before this moment has been read
         for s in slots:
             self._apply_slot(s)
         if slots:
@@ -596,7 +600,7 @@ class RankTrace:
         return build.rank_entry(
             self.rank, self.meta, status, exit_info, heartbeat=self.ring.heartbeat, progress=progress,
             records=self.all_records(), lost_slots=self.ring.lost, roots_ok=origins.valid_roots(self.meta.get("roots")),
-            digests=self.digests, untraced=asks.untraced_since(self.flight_recorder(), progress),
+            digests=self.digests, untraced=asks.untraced_since(self.flight_recorder(), progress, before=self.polled_at),
             fault=self.fault(), exception=self.exception, thread_exceptions=self.thread_exceptions,
             exit_frames=ending_of(self.exit, self.exit_status, self.exception)[1],
             batches=self.batches.entry(self.frames), samples=self.samples.entry(samples_since))
