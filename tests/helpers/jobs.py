@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 
 JOBS = os.path.join(os.path.dirname(__file__), "..", "integration", "jobs")
 SCENARIOS = "scenarios.py"
@@ -60,6 +61,22 @@ def findings(directory: str) -> list[dict]:
         return []
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def wait_finding(job, kind: str, timeout: float = 60.0, shown_rank: int = 0) -> dict:
+    """The job's first finding of `kind`; the job killed and `shown_rank`'s stderr shown if none
+    comes before its ranks end or `timeout` passes."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = [f for f in findings(job.dir) if f["kind"] == kind]
+        if found:
+            return found[0]
+        if all(p.poll() is not None for p in job.procs):
+            break
+        time.sleep(0.05)
+    job.kill()
+    job.wait(30)
+    raise AssertionError(f"no {kind} finding; rank {shown_rank} stderr:\n{job.stderr(shown_rank)[-3000:]}")
 
 
 def internal_errors_with_results_unchanged(traced, plain, ranks=(0, 1), timeout: float = 90) -> dict[int, list[str]]:

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from helpers.cli import run_cli
-from helpers.jobs import JOBS, findings, loc
+from helpers.jobs import JOBS, findings, loc, wait_finding
 
 pytestmark = pytest.mark.slow
 SCRIPT = "native_crash.py"
@@ -40,27 +40,13 @@ def victim_lib(tmp_path_factory):
     return str(out)
 
 
-def wait_finding(job, kind, timeout=60.0) -> dict:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        found = [f for f in findings(job.dir) if f["kind"] == kind]
-        if found:
-            return found[0]
-        if all(p.poll() is not None for p in job.procs):
-            break
-        time.sleep(0.05)
-    job.kill()
-    job.wait(30)
-    raise AssertionError(f"no {kind} finding; rank 1 stderr:\n{job.stderr(1)[-3000:]}")
-
-
 @pytest.mark.parametrize("kind", list(CASES))
 def test_a_rank_dead_in_native_code_is_named_by_its_native_frames(gloo_job, victim_lib, kind):
     sig, obj, func = CASES[kind]
     # the fpe job keeps to the Python wrappers: native frames come with either path
     pure = {"COLLTRACE_PURE": "1"} if kind == "fpe" else {}
     job = gloo_job(SCRIPT, 2, args=[kind], env={"VICTIM_LIB": victim_lib, "COLLTRACE_STALL_S": "60", **pure})
-    f = wait_finding(job, "dead_rank")
+    f = wait_finding(job, "dead_rank", shown_rank=1)
     codes = job.wait(60)   # rank 0's barrier fails once rank 1 is gone: it ends by itself
     assert codes[1] == -sig, job.stderr(1)[-3000:]   # the signal it would have died of untraced
 
@@ -154,7 +140,7 @@ def test_a_rank_hung_in_a_native_lock_is_placed_there_by_its_native_frames(gloo_
     # rank 1 never reaches the barrier: it waits on a lock it holds, in native code, with the GIL
     # released; the rank's own thread signals it for its native frames once a stall is near
     job = gloo_job(SCRIPT, 2, args=["lock"], env={"VICTIM_LIB": victim_lib, "COLLTRACE_STALL_S": "1.5"})
-    f = wait_finding(job, "stall")
+    f = wait_finding(job, "stall", shown_rank=1)
     job.kill()
     job.wait(30)
     r1 = f["ranks"]["1"]

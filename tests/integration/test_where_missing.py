@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import pytest
 
-from helpers.jobs import findings, markers
+from helpers.jobs import findings, markers, wait_finding
 
 pytestmark = pytest.mark.slow
 SCRIPT = "where_missing.py"
@@ -18,20 +17,6 @@ REFUSED = "#!/bin/sh\necho 'Error: Failed to open process: Permission denied (os
 
 def loc(marker: str) -> str:
     return f"{SCRIPT}:{markers(SCRIPT)[marker]}"
-
-
-def wait_finding(job, kind, timeout=60.0) -> dict:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        found = [f for f in findings(job.dir) if f["kind"] == kind]
-        if found:
-            return found[0]
-        if all(p.poll() is not None for p in job.procs):
-            break
-        time.sleep(0.1)
-    job.kill()
-    job.wait(30)
-    raise AssertionError(f"no {kind} finding; rank 0 stderr:\n{job.stderr(0)[-3000:]}")
 
 
 def frames_line(entry) -> set[str]:
