@@ -35,14 +35,7 @@ def own_handlers() -> list[str]:
 
     if _crash is None or faulthandler.is_enabled():
         return []   # what lies under faulthandler cannot be told from here
-    out = []
-    for name in FATAL:
-        try:
-            if _crash.disposition(int(getattr(signal, name))) == 2:   # a handler (signal.getsignal sees only Python's)
-                out.append(name)
-        except (AttributeError, ValueError, OSError):
-            continue
-    return out
+    return _others()
 
 
 def taken_over() -> list[str]:
@@ -50,6 +43,12 @@ def taken_over() -> list[str]:
     that set its own after colltrace's recorder started at the interpreter's start (rank/early.py)."""
     if _crash is None or os.getpid() not in _state:
         return []
+    return _others()
+
+
+def _others() -> list[str]:
+    """The fatal signals whose handler is neither the default, ignored, nor colltrace's own
+    (signal.getsignal sees only Python's)."""
     out = []
     for name in FATAL:
         try:

@@ -197,7 +197,7 @@ class Recorder:
         self._drain_lock = threading.Lock()   # one drain at a time: a destroyed group's Works are not in the poller's hands
         self._stop = threading.Event()
         self._internal_error_reported = False
-        self.native_info_own: list = []   # the fatal signals the program had its own handler for
+        self._native_rec: dict = {}   # the rank's last {"k": "native"} record (_arm_crash)
         self._install_fault_handler()
         self._raised: type | None = None   # the exception the main thread died of
         self._prev_excepthook = sys.excepthook
@@ -263,12 +263,18 @@ class Recorder:
                 self.defs.write({"k": "note", "text": f"no fault file: {storage.describe(exc)}"})
             else:
                 faulthandler.enable(file=self._fault_file, all_threads=True)
-        rec = crash.install(self.settings.dir, self.rank, own)
-        rec["faulthandler"] = self._fault_file is not None   # its stack comes to fault.txt after the native frames
-        self.native_info_own = list(own)
+        rec = self._arm_crash(own)
         if self._stack_signal_file is not None and rec.get("crash"):
             rec.update(crash.install_stack(self.settings.dir, self.rank, asks.stack_signal()))
         self.defs.write(rec)
+
+    def _arm_crash(self, own: list) -> dict:
+        """colltrace's fatal-signal handlers above whichever are there (crash.install); the rank's
+        native record, what an earlier one said of the stack signal kept (the reader reads the last)."""
+        rec = dict(self._native_rec, **crash.install(self.settings.dir, self.rank, own))
+        rec["faulthandler"] = self._fault_file is not None   # its stack comes to fault.txt after the native frames
+        self._native_rec = rec
+        return rec
 
     def rearm(self) -> None:
         """At init_process_group, for a recorder that started with the interpreter (rank/early.py):
@@ -278,10 +284,7 @@ class Recorder:
         exits.install()
         taken = crash.taken_over()
         if taken:
-            own = sorted(set(taken) | set(self.native_info_own))
-            rec = crash.install(self.settings.dir, self.rank, own)
-            rec["faulthandler"] = self._fault_file is not None
-            self.defs.write(rec)
+            self.defs.write(self._arm_crash(sorted(set(taken) | set(self._native_rec.get("own_handlers") or ()))))
 
     def _excepthook(self, etype, value, tb):
         try:
