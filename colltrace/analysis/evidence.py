@@ -61,12 +61,15 @@ class Evidence:
         return {"name": g["name"], "desc": g["desc"], "ranks": g["ranks"]}
 
     def current(self, view: RankView) -> Rec | None:
-        """Where a rank is: its newest blocking call, else (without a live stack to show) its
-        newest async op."""
+        """Where a rank is: its newest blocking call, else (without a live stack to show, or the
+        stack it crashed at) its newest async op."""
         for r in reversed(view.pending):
             if r.state == WAITING:
                 return r
-        if view.pending and not (view.stack and not view.dead):
+        # a rank that crashed of its own (not ended by its backend in a wait) died at its stack:
+        # async work it had issued just before (DDP's, not yet seen to complete) is not where it was
+        crashed = view.fatal and view.ended_by is None
+        if view.pending and not (view.stack and (not view.dead or crashed)):
             return view.pending[-1]
         return None
 

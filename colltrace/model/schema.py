@@ -37,6 +37,8 @@ RAISED_ERROR = "exception"
 SETUP_GROUP = "setup"
 SETUP_LOCAL = "setup:"
 STORE_WAIT = "store:"
+# A local group creation torch counts among the job's (rank/setup.py): its record's detail
+LOCAL_SYNC = "use_local_synchronization=True"
 
 # a rank's state in a finding: a record state, a rank status, or
 NOT_IN_COLLECTIVE = "not_in_collective"   # then its frames are its live stack

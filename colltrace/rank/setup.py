@@ -4,7 +4,8 @@ Group creation: `init_process_group` (its rendezvous), `new_group`, `split_group
 them (`new_subgroups`, a `DeviceMesh`, `init_device_mesh`), a direct `_store_based_barrier`. torch
 requires every rank of the job to make them, members or not, in the same order (a group's name is a
 count of the groups made before it); `new_group(..., use_local_synchronization=True)` only its
-members, and `split_group` every member of its parent. Each call is a record in a group no process
+members (from torch 2.14 on, counted among the job's all the same: _counted_by_the_job), and
+`split_group` every member of its parent. Each call is a record in a group no process
 group stands for (Recorder.virtual_group): "setup" for the job's, numbered per rank by the calls it
 makes (init_process_group is #1), "setup:RANKS" for the members of a local one. Its signature
 carries the ranks it asks for, so that two ranks making different groups at one number are a
@@ -27,7 +28,7 @@ import threading
 import time
 import zlib
 
-from colltrace.model.schema import SETUP_GROUP as JOB, SETUP_LOCAL, STORE_WAIT as STORE_PREFIX
+from colltrace.model.schema import LOCAL_SYNC, SETUP_GROUP as JOB, SETUP_LOCAL, STORE_WAIT as STORE_PREFIX
 from colltrace.rank.calls import param_getter
 from colltrace.words import format_ranks
 
@@ -168,7 +169,8 @@ def _make_new_group(orig):
             ranks = get_ranks(args, kwargs)
             world = _c10d.get_world_size()
             detail = None if ranks is None or isinstance(ranks, (list, tuple, range)) else f"ranks: {type(ranks).__name__}"
-            if get_local(args, kwargs):
+            local = bool(get_local(args, kwargs))
+            if local:
                 members = list(range(world)) if ranks is None else _listed(ranks)
                 if members is None or _c10d.get_rank() not in members:
                     return orig(*args, **kwargs)   # torch returns at once: only members make it
@@ -176,14 +178,40 @@ def _make_new_group(orig):
             else:
                 gs = job_group(rec)
             op = _local.api or "new_group"
-            ctx = _enter(rec, gs, op, "new_group", _members(ranks, world), detail, _getframe(1))
+            frame = _getframe(1)
+            ctx = _enter(rec, gs, op, "new_group", _members(ranks, world), detail, frame)
+            count = _group_count() if local else None
         except Exception as exc:
             rec.internal_error(exc)
             return orig(*args, **kwargs)
-        return _run(rec, ctx, orig, args, kwargs)
+        result = _run(rec, ctx, orig, args, kwargs)
+        if count is not None:
+            try:
+                if _group_count() not in (None, count):
+                    _counted_by_the_job(rec, op, frame)
+            except Exception as exc:
+                rec.internal_error(exc)
+        return result
 
     new_group.__colltrace_original__ = orig
     return new_group
+
+
+def _group_count():
+    """torch's count of the groups this rank has made, which names the next one (None: unknown)."""
+    count = getattr(getattr(_c10d, "_world", None), "group_count", None)
+    return count if isinstance(count, int) else None
+
+
+def _counted_by_the_job(rec, op: str, frame) -> None:
+    """A local group creation that torch counted among the job's (torch 2.14 on: every group a
+    rank makes advances the count that names the next one, its members' alone or not). Every
+    rank of the job must then make one at this point too, or the next group's name differs
+    between ranks and its creation waits forever: it is a job-wide creation as well, recorded at
+    the job's next number. Its signature leaves the members out: ranks making different local
+    groups here stay in step; a rank making a group of the whole job here does not."""
+    ctx = _enter(rec, job_group(rec), op, "new_group", None, LOCAL_SYNC, frame)
+    rec.setup_return(ctx)
 
 
 def _make_split_group(orig):

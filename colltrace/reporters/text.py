@@ -18,7 +18,7 @@ from colltrace.analysis.culprits import Explanation
 from colltrace.analysis.desync import Desync
 from colltrace.model.finding import (Deadlock, DeadRank, DuplicateData, Finding, Mismatch, Stall,
                                      UnmatchedP2P)
-from colltrace.model.schema import DEAD, EXIT_CALLS, EXITED, INTERRUPTED, UNKNOWN, UNREADABLE
+from colltrace.model.schema import DEAD, EXIT_CALLS, EXITED, INTERRUPTED, LOCAL_SYNC, UNKNOWN, UNREADABLE
 from colltrace.words import and_list, counted, frame_text_of, group_label, rank_word, sorted_ranks
 from colltrace.reporters.phrases import (PENDING_STATES, behind_clause, capitalized, clock, died_since, exit_text,
                                          first_line, group_phrase, natural_key, number_phrase, op_phrase, sample_entry,
@@ -111,7 +111,10 @@ def _setup_call_text(c: dict) -> str:
     """One class of a group creation's mismatch: "new_group of ranks 0-1", "DeviceMesh (its new_group
     of rank 0)"."""
     op, bop = str(c.get("op") or "?"), c.get("backend_op")
-    asked = f"of {rank_word(c['members'])}" if c.get("members") else "of every rank"
+    if c.get("members"):
+        asked = f"of {rank_word(c['members'])}"
+    else:
+        asked = "of its members alone" if c.get("detail") == LOCAL_SYNC else "of every rank"
     text = f"{op} {asked}" if not bop or bop == op else f"{op} (its {bop} {asked})"
     if c.get("detail") is not None:
         text += f" ({c['detail']})"

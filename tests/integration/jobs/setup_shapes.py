@@ -8,8 +8,11 @@ order            rank 0 makes groups A then B, rank 1 makes B then A
 no_init          rank 1 is stuck loading data before init_process_group
 mesh_subset      rank 0 alone makes a DeviceMesh of itself; then both make new_group([0, 1])
 store_get        rank 0 waits for a key of the job's store nobody sets; rank 1 goes on to a barrier
-slow_start       healthy: the last rank joins late and makes its groups late (SLOW_S, under the
-                 stall threshold); the others make a group of their own with use_local_synchronization
+slow_start       healthy: the last rank joins late and makes the job's group late (SLOW_S, under the
+                 stall threshold); then the others make a group of their own with use_local_synchronization
+local_then_world rank 0 makes new_group([0], use_local_synchronization=True); then both make
+                 new_group([0, 1]): healthy where torch does not count the local group in the next
+                 one's name (before 2.14), a hang where it does
 """
 import os
 import time
@@ -43,6 +46,15 @@ def serve():
         time.sleep(0.1)  # op: serving
 
 
+def local_group(ranks):
+    """new_group(ranks, use_local_synchronization=True), saying whether torch counted it in the
+    names of the groups made after it (torch 2.14 on: then every rank must make one here)."""
+    before = dist.distributed_c10d._world.group_count
+    group = dist.new_group(ranks, use_local_synchronization=True)
+    print(f"COUNTED {dist.distributed_c10d._world.group_count != before}", flush=True)
+    return group
+
+
 def make_groups():
     return dist.new_group(list(range(world)))  # op: make_world_group
 
@@ -74,15 +86,21 @@ elif shape == "store_get":
         store.get("weights_ready")  # op: store_get
     dist.barrier()  # op: barrier_after
 elif shape == "slow_start":
-    if rank < world - 1:   # the last rank, no member, has no part in it
-        own = dist.new_group(list(range(world - 1)), use_local_synchronization=True)  # op: local_group
-        dist.all_reduce(torch.ones(2), group=own)
     if rank == world - 1:
         time.sleep(slow_s)  # op: late_group
     g = dist.new_group(list(range(world)))  # op: world_group
     for _ in range(3):
         dist.all_reduce(torch.ones(4), group=g)
+    if rank < world - 1:   # the last rank, no member, has no part in it
+        own = local_group(list(range(world - 1)))  # op: local_group
+        dist.all_reduce(torch.ones(2), group=own)
     dist.barrier()
+    print("DONE", flush=True)
+elif shape == "local_then_world":
+    if rank == 0:
+        own = local_group([0])  # op: local_first
+    g = dist.new_group(list(range(world)))  # op: world_after_local
+    dist.all_reduce(torch.ones(4), group=g)
     print("DONE", flush=True)
 else:
     raise SystemExit(f"unknown shape {shape}")
