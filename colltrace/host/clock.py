@@ -47,7 +47,7 @@ class Answerer:
 
     def _run(self) -> None:
         try:
-            client = storelink._connect(self.address[0], self.address[1], 30.0, attempts=1)
+            client = storelink.connect(self.address[0], self.address[1], 30.0)
         except storelink.StoreError:
             return
         if not callable(getattr(client, "queue_pop", None)):
@@ -71,7 +71,7 @@ class Answerer:
     def stop(self) -> None:
         self._stopped = True
         try:
-            client = storelink._connect(self.address[0], self.address[1], 2.0, attempts=1)
+            client = storelink.connect(self.address[0], self.address[1], 2.0)
             client.queue_push(PING_KEY, STOP)
         except Exception:
             pass
@@ -92,7 +92,7 @@ class Probe:
 
     def _run(self) -> None:
         try:
-            client = storelink._connect(self.address[0], self.address[1], ANSWER_WAIT_S, attempts=1)
+            client = storelink.connect(self.address[0], self.address[1], ANSWER_WAIT_S)
         except storelink.StoreError:
             return
         if not callable(getattr(client, "queue_push", None)):

@@ -25,8 +25,14 @@ class Exchange:
     Connecting imports torch (seconds), so it happens in a background thread; the host's own
     ranks are watched from their files meanwhile. Losing the store costs one warning line."""
 
-    def __init__(self, node, store_address, stream, place: tuple[int, int] | None = None, fan: int | None = None):
+    def __init__(self, node, store_address, stream, place: tuple[int, int] | None = None, fan: int | None = None,
+                 connect=None, clocks: bool = True):
+        """connect: how a link reaches a server (storelink.connect, the default; the hosts one process
+        simulates share clients: storelink.SharedClients). clocks: measure this host's clock against the
+        servers it publishes to, and answer those who measure theirs (simulated hosts share one)."""
         self.node = node
+        self._connect = connect if connect is not None else storelink.connect
+        self._clocks = clocks
         self.store_address = store_address   # (host, port) of the job's store, or None
         self.stream = stream
         self.link: storelink.StoreLink | None = None
@@ -101,34 +107,35 @@ class Exchange:
         here) and then talk only to the leader's server."""
         if 0 in self.node.traces:
             if self.meeting is None:
-                self.meeting = meeting.MeetingPoint(*self.store_address)
-            link = storelink.StoreLink(*self.meeting.address)
-            link.node_index = int(link._store.add(storelink.PREFIX + "nodes", 1))   # 1: the others know it
+                self.meeting = meeting.MeetingPoint(*self.store_address, connect=self._connect)
+            link = storelink.StoreLink(*self.meeting.address, connect=self._connect)
+            link.node_index = link.join()   # 1: the others know it
             self.meeting.announce()
             self._answer(self.meeting.address)
             self.link = link
             return
         if self.has_children and self.serving is None:
-            self.serving = meeting.MeetingPoint(*self.store_address, key=meeting.parent_key(self.topo.index))
-            below = storelink.StoreLink(*self.serving.address)
-            below.node_index = int(below._store.add(storelink.PREFIX + "nodes", 1))   # 1: its children know it
+            self.serving = meeting.MeetingPoint(*self.store_address, key=meeting.parent_key(self.topo.index),
+                                                connect=self._connect)
+            below = storelink.StoreLink(*self.serving.address, connect=self._connect)
+            below.node_index = below.join()   # 1: its children know it
             self.serving.announce()
             self._answer(self.serving.address)
             self.below = below
         parent = self.tree_parent
         keys = (meeting.LEADER_KEY,) + ((meeting.parent_key(parent),) if parent else ())
-        found = meeting.find_leader(*self.store_address, keys=keys)
+        found = meeting.find_leader(*self.store_address, keys=keys, connect=self._connect)
         if parent:
             self._root_address = found[0] or self._root_address
             found = found[1]
         if found is not None:
             try:
-                self.link = storelink.StoreLink(*found)
+                self.link = storelink.StoreLink(*found, connect=self._connect)
             except storelink.StoreError:
                 if not (parent and self._root_address):
                     raise
                 # its parent's host is gone (its announcement outlives it): straight to the root
-                self.link = storelink.StoreLink(*self._root_address)
+                self.link = storelink.StoreLink(*self._root_address, connect=self._connect)
             return
         now = time.time()
         self._leader_wait_since = self._leader_wait_since or now
@@ -138,12 +145,12 @@ class Exchange:
         self.next_try = now + LEADER_POLL_S   # not announced yet: ask again, quietly
 
     def _answer(self, address) -> None:
-        if not storelink.MANY_HOSTS_IN_ONE_PROCESS:   # simulated hosts share one clock
+        if self._clocks:
             self._answerers.append(clock.Answerer(address))
 
     def _clock(self, link: storelink.StoreLink) -> list | None:
         """This host's clock against the server it publishes to ([offset, bound]; None until measured)."""
-        if storelink.MANY_HOSTS_IN_ONE_PROCESS:
+        if not self._clocks:
             return None
         address = storelink.parse_address(link.address)
         if self._probe is None or self._probe.address != address:
@@ -204,7 +211,7 @@ class Exchange:
             return False
         if self.tree_parent is not None and self._root_address is not None:
             try:
-                self.link = storelink.StoreLink(*self._root_address)
+                self.link = storelink.StoreLink(*self._root_address, connect=self._connect)
                 return True
             except storelink.StoreError:
                 return False
@@ -214,7 +221,7 @@ class Exchange:
             if k >= self.topo.index:
                 break
             try:
-                self.link = storelink.StoreLink(*self._siblings[k], timeout_s=1.0)
+                self.link = storelink.StoreLink(*self._siblings[k], timeout_s=1.0, connect=self._connect)
                 self._leader_copy = None   # the new leader speaks for the old one's ranks
                 return True
             except storelink.StoreError:
@@ -304,12 +311,12 @@ class Exchange:
         if not self.has_children or self.serving is None:
             return
         if self.topo.index not in self._siblings:
-            link._set(meeting.parent_key(self.topo.index),
+            link.write(meeting.parent_key(self.topo.index),
                       f"{self.serving.address[0]}:{self.serving.address[1]}".encode())
             self._siblings[self.topo.index] = self.serving.address
         for k in range(2, self.topo.index):
             if k not in self._siblings:
-                raw = link._get(meeting.parent_key(k))
+                raw = link.read(meeting.parent_key(k))
                 if raw is not None:
                     self._siblings[k] = storelink.parse_address(raw.decode(errors="replace"))
 

@@ -25,7 +25,6 @@ def parent_key(index: int) -> str:
     return f"{PREFIX}agg/{index}"
 
 
-_client = storelink.connect
 
 
 def local_address_towards(host: str, port: int) -> str:
@@ -48,10 +47,11 @@ def leader_address(job_store, key: str = LEADER_KEY) -> str | None:
         raise StoreError(f"store: {_one_line(exc)}") from None
 
 
-def find_leader(host: str, port: int, timeout_s: float = 5.0, keys=(LEADER_KEY,)) -> tuple[str, int] | None:
+def find_leader(host: str, port: int, timeout_s: float = 5.0, keys=(LEADER_KEY,),
+                connect=storelink.connect) -> tuple[str, int] | None:
     """Read the announcement once and let go of the job's store. Several keys: a list of
     addresses (None for each not announced yet); one key: its address or None."""
-    store = _client(host, port, timeout_s)
+    store = connect(host, port, timeout_s)
     try:
         texts = [leader_address(store, k) for k in keys]
     finally:
@@ -63,11 +63,13 @@ def find_leader(host: str, port: int, timeout_s: float = 5.0, keys=(LEADER_KEY,)
 class MeetingPoint:
     """The leader's TCPStore server, and its one key in the job's store."""
 
-    def __init__(self, job_host: str, job_port: int, timeout_s: float = 5.0, key: str = LEADER_KEY):
+    def __init__(self, job_host: str, job_port: int, timeout_s: float = 5.0, key: str = LEADER_KEY,
+                 connect=storelink.connect):
         quiet_c10d()   # torch's first import in the leader's watchdog: its log level is set now
         from torch.distributed import TCPStore
 
         self.job = (job_host, job_port)
+        self._connect = connect   # to the job's store
         self.key = key
         self.timeout_s = timeout_s
         want = os.environ.get("COLLTRACE_LEADER_PORT", "").strip()
@@ -81,7 +83,7 @@ class MeetingPoint:
         self.announced = False
 
     def announce(self) -> None:
-        store = _client(*self.job, self.timeout_s)
+        store = self._connect(*self.job, self.timeout_s)
         try:
             store.set(self.key, f"{self.address[0]}:{self.address[1]}".encode())
             store.check([self.key])   # answered: the set is applied before we let go
@@ -97,7 +99,7 @@ class MeetingPoint:
             return
         self.announced = False
         try:
-            store = _client(*self.job, min(self.timeout_s, 2.0))
+            store = self._connect(*self.job, min(self.timeout_s, 2.0))
             store.delete_key(self.key)
             del store
         except Exception:

@@ -10,7 +10,7 @@ from colltrace import verdict
 from colltrace.model.finding import Finding
 from colltrace.model.schema import empty
 from colltrace.reporters import stacks, text as report
-from colltrace.tracefile import storage
+from colltrace.tracefile import layout, storage
 
 
 class Outputs:
@@ -41,10 +41,10 @@ class Outputs:
                 self.stream.write(report.supersedes_line(finding) + "\n")
         self.stream.flush()
         try:
-            with open(os.path.join(self.dir, "findings.jsonl"), "a") as f:
+            with open(os.path.join(self.dir, layout.FINDINGS), "a") as f:
                 for finding in new:
                     f.write(json.dumps(finding.to_json(), default=str) + "\n")
-            self.json("snapshot.json", snap)
+            self.json(layout.SNAPSHOT, snap)
             self.report(reported, snap)
         except OSError as exc:
             self._write_failed(exc)
@@ -73,7 +73,7 @@ class Outputs:
 
     def stacks(self, rank: int, text: str) -> None:
         try:
-            with open(os.path.join(self.dir, f"rank-{rank:05d}.stacks.txt"), "w") as f:
+            with open(layout.rank_file(self.dir, rank, "stacks.txt"), "w") as f:
                 f.write(text)
         except OSError as exc:
             self._write_failed(exc)

@@ -36,6 +36,7 @@ from colltrace import address
 from colltrace.errors import ColltraceError
 from colltrace.model import finding
 from colltrace.model.finding import Finding
+from colltrace.tracefile import layout
 
 PREFIX = "colltrace/v1/"
 PUBLISH_S = 0.25
@@ -136,38 +137,38 @@ def quiet_c10d() -> None:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
 
 
-_CONNECTING = threading.Lock()
-# Set by a process that simulates many hosts (colltrace/testing/simhosts.py): its hosts share one
-# client per server (c10d's client serializes its own requests), as real hosts share nothing but
-# need no more than one each; a new connect goes one at a time (overlapping c10d connects of one
-# process stall each other: 32 at once on torch 2.13, most time out) and one that timed out is
-# tried again at once.
-MANY_HOSTS_IN_ONE_PROCESS = False
-_SHARED: dict[tuple[str, int], object] = {}
-
-
 def connect(host: str, port: int, timeout_s: float):
     """A c10d TCPStore client of HOST:PORT. A host's watchdog tries once: a store that cannot be
     reached costs one line after `timeout_s` (and another try STORE_RETRY_S later). c10d's client
     looks up its peer's name on every connect; where the resolver drops a query, that connect
     waits the resolver's timeout (5 s) and fails within a `timeout_s` as short."""
     quiet_c10d()
-    if MANY_HOSTS_IN_ONE_PROCESS:
-        return _shared(host, port, timeout_s)
     return _connect(host, port, timeout_s, attempts=1)
 
 
-def _shared(host: str, port: int, timeout_s: float):
-    with _CONNECTING:
-        client = _SHARED.get((host, port))
-        if client is not None:
-            try:
-                client.check([PREFIX + "nodes"])   # its server may have gone (a host that died)
-                return client
-            except Exception:
-                del _SHARED[(host, port)]
-        client = _SHARED[(host, port)] = _connect(host, port, timeout_s, attempts=3)
-        return client
+class SharedClients:
+    """How the hosts one process simulates connect (colltrace/testing/simhosts.py), in place of
+    `connect`: one client per server (c10d's client serializes its own requests), as real hosts
+    share nothing but need no more than one each; a new connect one at a time (overlapping c10d
+    connects of one process stall each other: 32 at once on torch 2.13, most time out), and one
+    that timed out tried again at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._clients: dict[tuple[str, int], object] = {}
+
+    def __call__(self, host: str, port: int, timeout_s: float):
+        quiet_c10d()
+        with self._lock:
+            client = self._clients.get((host, port))
+            if client is not None:
+                try:
+                    client.check([PREFIX + "nodes"])   # its server may have gone (a host that died)
+                    return client
+                except Exception:
+                    del self._clients[(host, port)]
+            client = self._clients[(host, port)] = _connect(host, port, timeout_s, attempts=3)
+            return client
 
 
 def _connect(host: str, port: int, timeout_s: float, attempts: int):
@@ -185,7 +186,9 @@ def _connect(host: str, port: int, timeout_s: float, attempts: int):
 
 
 class StoreLink:
-    def __init__(self, host: str, port: int, timeout_s: float = 5.0, follow_leader: bool = False):
+    def __init__(self, host: str, port: int, timeout_s: float = 5.0, follow_leader: bool = False,
+                 connect=connect):
+        """connect(host, port, timeout_s) -> a c10d client: `connect`, or a SharedClients."""
         self.address = f"{host}:{port}"
         self.traffic = 0   # payload bytes sent and received through this link (benchmarks/scale_live.py)
         self._store = connect(host, port, timeout_s)
@@ -194,7 +197,7 @@ class StoreLink:
             raw = self._get(PREFIX + "leader")
             if raw is not None:
                 del self._store
-                self.__init__(*parse_address(raw.decode(errors="replace")), timeout_s=timeout_s)
+                self.__init__(*parse_address(raw.decode(errors="replace")), timeout_s=timeout_s, connect=connect)
                 self.followed = True
                 return
         self.node_index: int | None = None
@@ -412,6 +415,20 @@ class StoreLink:
             raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None
 
     # -- plumbing ---------------------------------------------------------------------------
+    def join(self) -> int:
+        """This host joins the hosts its server has seen: its index among them (1: the first)."""
+        try:
+            return int(self._store.add(PREFIX + "nodes", 1))
+        except Exception as exc:
+            raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None
+
+    def read(self, key: str) -> bytes | None:
+        """One key's value (None: not set)."""
+        return self._get(key)
+
+    def write(self, key: str, value: bytes) -> None:
+        self._set(key, value)
+
     def _get(self, key: str) -> bytes | None:
         try:
             if not self._store.check([key]):
@@ -470,7 +487,7 @@ def snapshot_to_folder(address: str, directory: str) -> str:
     snap = merge(summaries, time.time())
     snap["findings"] = finding.to_json(link.findings())
     os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, "snapshot.json")
+    path = os.path.join(directory, layout.SNAPSHOT)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         f.write(json.dumps(snap, default=str))   # one C encode, not json.dump's Python one

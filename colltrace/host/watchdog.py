@@ -20,6 +20,7 @@ from colltrace.host.actions import OnHang, missing_states
 from colltrace.host.latecomers import Latecomers
 from colltrace.host.leader import Exchange
 from colltrace.host.nodeview import NodeView, process_gone
+from colltrace.tracefile import layout
 from colltrace.host.outputs import Outputs
 from colltrace.model import arrivals
 from colltrace.model.build import merge, suspects
@@ -156,7 +157,9 @@ class Watchdog:
             summary["arrivals"] = arrivals.digest(summary["ranks"], summary["groups"])
         return summary
 
-    def step(self) -> list[dict]:
+    def step(self) -> list[Finding]:
+        """One period: read this host's ranks, exchange with the other hosts, judge (the leader):
+        the findings new in it."""
         self.node.poll()
         now = time.time()
         summary = self._summary()
@@ -285,7 +288,7 @@ class Watchdog:
                 self.outputs.say(f"colltrace: {key} is over: the ranks it waited for arrived"
                                  + (f" (last seen: {was})" if was else ""))
         if changed:
-            self.outputs.json("snapshot.json", snap)
+            self.outputs.json(layout.SNAPSHOT, snap)
             try:
                 self.outputs.report(self.findings, snap)
             except OSError:
@@ -315,7 +318,7 @@ class Watchdog:
             snap = merge([self.node.summary()], time.time())
             if self._view is not None and "clocks" in self._view.snapshot:   # the leader's: stragglers across hosts
                 snap["clocks"] = self._view.snapshot["clocks"]
-            self.outputs.json("snapshot.json", snap, warn=bool(self.findings))
+            self.outputs.json(layout.SNAPSHOT, snap, warn=bool(self.findings))
         self.close()
 
     def run(self, idle_exit_s: float = 600.0, stop=None, spawner: int | None = None) -> int:

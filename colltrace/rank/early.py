@@ -31,7 +31,7 @@ def torchrun_rank(environ=os.environ) -> tuple[int, int] | None:
 
 def _held(directory: str, rank: int) -> bool:
     """Whether another live process writes this rank's ring (the rank that started this one)."""
-    from colltrace.rank.recorder import rank_file
+    from colltrace.tracefile.layout import rank_file
     from colltrace.tracefile import ringfile
 
     try:

@@ -21,15 +21,12 @@ import weakref
 from colltrace.rank import calls, crash, cudamarks, exits, fastpath, flightrecorder, sampler
 from colltrace import origins
 from colltrace.tracefile import asks, ringfile, storage
+from colltrace.tracefile.layout import rank_file
 from colltrace.tracefile.ringfile import (COMPLETE, ENTER, F_CAPTURED, F_DONE, F_P2P, F_UNOBSERVED, FAIL, RETURN,
                                          STARTED, UNTRACED, WAIT, WAITED)
 
 _time = time.time
 _getframe = sys._getframe
-
-
-def rank_file(directory: str, rank: int, suffix: str) -> str:
-    return os.path.join(directory, f"rank-{rank:05d}.{suffix}")
 
 
 def job_id(environ=os.environ, store=None) -> str:

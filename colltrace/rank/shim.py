@@ -9,11 +9,13 @@ how many steps the outer op used.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import os
 import sys
 import threading
+from typing import Any
 
 from colltrace import config
 from colltrace.rank import calls, cudamarks, early, exits, fastpath, hooks, setup
@@ -78,7 +80,22 @@ FUNCOL_OPS = {
 }
 
 _lock = threading.RLock()
-_state = {"installed": False, "settings": None, "originals": {}, "recorder": None, "funcol": False, "joined": False}
+
+
+@dataclasses.dataclass
+class _Shim:
+    """What install() did and where this process's tracing stands (the recorder itself is the
+    module's `recorder`, which every wrapper reads)."""
+    installed: bool = False
+    settings: Any = None                 # config.Settings, once installed
+    originals: dict = dataclasses.field(default_factory=dict)      # name -> torch's own function
+    replacements: dict = dataclasses.field(default_factory=dict)   # name -> (original, replacement)
+    funcol: bool = False                 # the functional collectives are wrapped
+    joined: bool = False                 # the recorder knows the default group
+    failed: bool = False                 # no recorder in this process: starting one failed, or a fork's child
+
+
+_state = _Shim()
 recorder = None  # the live Recorder; read by every wrapper
 _c10d = None
 _NON_MEMBER = object()
@@ -90,7 +107,7 @@ _is_dynamo_compiling = lambda: False  # noqa: E731
 
 def settings():
     """The settings the patches were installed with (None before install): hooks.py reads them."""
-    return _state["settings"]
+    return _state.settings
 
 
 def first_sight(pg):
@@ -309,7 +326,7 @@ def _make_c10d_wrapper(name, orig):
     wrapper = build(1)
 
     wrapper.__colltrace_original__ = orig
-    if kind != "c" or _state["settings"] is None or _state["settings"].pure:
+    if kind != "c" or _state.settings is None or _state.settings.pure:
         return wrapper
 
     def learn(rec, pg, tensor, op, is_async, r=None, gr=None):
@@ -525,16 +542,16 @@ def _ensure_recorder():
     """Join this rank's recorder to the default group once it exists: the one made before it (the
     start-up hook's, or init_process_group's own: _before_init), else a new one."""
     global recorder
-    if _state["joined"] or _state["recorder"] == "failed":
+    if _state.joined or _state.failed:
         return recorder
     with _lock:
-        if _state["joined"] or _state["recorder"] == "failed":
+        if _state.joined or _state.failed:
             return recorder
         try:
             c10d = _c10d
             if not c10d.is_initialized():
                 return None
-            settings = _state["settings"]
+            settings = _state.settings
             pg = c10d._get_default_group()
             try:   # the job's own store tells this job from the others (colltrace.rank.identity)
                 store = c10d._world.pg_map[pg][1]
@@ -568,9 +585,8 @@ def _ensure_recorder():
             except Exception:
                 pass
             recorder = rec
-            _state["recorder"] = rec
             cudamarks.watch_captures()   # again: a torch that imports torch.cuda after torch.distributed
-            _state["joined"] = True
+            _state.joined = True
             if settings.batches:
                 from colltrace.rank import batches
 
@@ -585,7 +601,7 @@ def _ensure_recorder():
 
             launcher.ensure_watchdog(settings, rec, store)
         except Exception as exc:
-            _state["recorder"] = "failed"
+            _state.failed = True
             recorder = None
             from colltrace.tracefile import storage
 
@@ -599,7 +615,7 @@ def _ensure_recorder():
 def _new_recorder(rank: int, world: int, store, backend: str = ""):
     from colltrace.rank.recorder import Recorder, job_id
 
-    rec = Recorder(_state["settings"], rank, world, backend, job=job_id(store=store))
+    rec = Recorder(_state.settings, rank, world, backend, job=job_id(store=store))
     rec.lasting = setup.lasting   # the store waits that last are recorded
     if store is not None:
         from colltrace.rank import identity
@@ -613,7 +629,7 @@ def _before_init(args, kwargs):
     the one in use, else one made now where the call names this rank, the job's size and its store
     (the job's identity); None: it is made once the default group exists."""
     global recorder
-    if recorder is not None or _state["recorder"] == "failed" or _state["joined"]:
+    if recorder is not None or _state.failed or _state.joined:
         return recorder
     with _lock:
         if recorder is not None:
@@ -624,7 +640,7 @@ def _before_init(args, kwargs):
         try:
             rec = _new_recorder(rank, world, store)
         except Exception as exc:
-            _state["recorder"] = "failed"
+            _state.failed = True
             from colltrace.tracefile import storage
 
             if isinstance(exc, storage.StorageError):
@@ -633,10 +649,9 @@ def _before_init(args, kwargs):
                 sys.stderr.write(f"colltrace: tracing disabled on this process, could not start: {exc!r}\n")
             return None
         recorder = rec
-        _state["recorder"] = rec
         from colltrace.rank import launcher
 
-        launcher.ensure_watchdog(_state["settings"], rec, store)
+        launcher.ensure_watchdog(_state.settings, rec, store)
         return rec
 
 
@@ -697,7 +712,7 @@ _init_store = _init_rank = _init_world = lambda args, kwargs: None
 def _check_op_accepting_originals(orig_check):
     """P2POp validates op by identity against isend/irecv: accept the unpatched ones too, so a
     P2POp built from a reference taken before colltrace was installed keeps working."""
-    originals = _state["originals"]
+    originals = _state.originals
 
     @functools.wraps(orig_check)
     def check(op):
@@ -730,17 +745,17 @@ def _sweep(replacements: dict) -> None:
 def install() -> bool:
     global _c10d
     with _lock:
-        if _state["installed"]:
+        if _state.installed:
             return True
         settings = config.load()
-        _state["settings"] = settings
+        _state.settings = settings
         config.warn_once(settings)
         import torch.distributed.distributed_c10d as c10d
 
         _c10d = c10d
         global _NON_MEMBER
         _NON_MEMBER = c10d.GroupMember.NON_GROUP_MEMBER
-        originals = _state["originals"]
+        originals = _state.originals
         replacements = {}
 
         def patch(name, factory):
@@ -761,8 +776,8 @@ def install() -> bool:
         patch("_check_op", _check_op_accepting_originals)
         replacements.update(setup.install(c10d, sys.modules[__name__]))
         global recorder
-        if recorder is None and _state["recorder"] is None and early.recorder() is not None:
-            recorder = _state["recorder"] = early.recorder()   # the start-up hook's: this rank before it joins
+        if recorder is None and not _state.failed and early.recorder() is not None:
+            recorder = early.recorder()   # the start-up hook's: this rank before it joins
         work = getattr(c10d, "Work", None)
         wait = getattr(work, "wait", None)
         if wait is not None and not hasattr(wait, "__colltrace_original__"):
@@ -774,8 +789,8 @@ def install() -> bool:
             except (TypeError, AttributeError):
                 pass
         _sweep(replacements)
-        _state["replacements"] = replacements
-        _state["installed"] = True
+        _state.replacements = replacements
+        _state.installed = True
         cudamarks.watch_captures()   # CUDA graph captures: the poller makes no CUDA call during one
         if settings.batches:   # what each rank feeds its DDP/FSDP model (duplicate_data)
             from colltrace.rank import batches
@@ -792,14 +807,14 @@ def install() -> bool:
 
 def _install_funcol():
     """Functional collectives are patched once torch.distributed is fully imported."""
-    if _state["funcol"]:
+    if _state.funcol:
         return
-    _state["funcol"] = True
+    _state.funcol = True
     try:
         import torch.distributed._functional_collectives as funcol
     except Exception:
         return
-    originals = _state["originals"]
+    originals = _state.originals
     replacements = {}
 
     def resolve(group, tag):
@@ -824,7 +839,7 @@ def _install_funcol():
         funcol.wait_tensor = new
         replacements[id(orig)] = (orig, new)
     _sweep(replacements)
-    _state["replacements"].update(replacements)
+    _state.replacements.update(replacements)
 
 
 def _after_fork_in_child():
@@ -832,21 +847,21 @@ def _after_fork_in_child():
     # A child forked before its parent became a rank (start_processes(start_method="fork") from
     # a traced launcher) becomes a rank itself: it starts its own recorder at init_process_group.
     global recorder
-    if recorder is None and _state["recorder"] is None:
+    if recorder is None and not _state.failed:
         return
     if recorder is not None:
         recorder.disabled = True
     recorder = None
-    _state["recorder"] = "failed"
+    _state.failed = True
 
 
 def uninstall() -> None:
     global recorder
     with _lock:
-        if not _state["installed"]:
+        if not _state.installed:
             return
-        reverse = {id(new): (new, orig) for orig, new in _state["replacements"].values()}
-        for name, orig in _state["originals"].items():
+        reverse = {id(new): (new, orig) for orig, new in _state.replacements.values()}
+        for name, orig in _state.originals.items():
             if name == "Work.wait":
                 _c10d.Work.wait = orig
             elif name.startswith("funcol."):
@@ -862,16 +877,16 @@ def uninstall() -> None:
         from colltrace.rank import batches
 
         batches.uninstall()
-        _state["originals"].clear()
-        _state["installed"] = False
-        _state["funcol"] = False
-        if isinstance(_state["recorder"], object) and recorder is not None:
+        _state.originals.clear()
+        _state.installed = False
+        _state.funcol = False
+        if recorder is not None:
             recorder.close()
         recorder = None
         exits.uninstall()
-        _state["recorder"] = None
-        _state["joined"] = False
+        _state.failed = False
+        _state.joined = False
 
 
 def is_installed() -> bool:
-    return _state["installed"]
+    return _state.installed

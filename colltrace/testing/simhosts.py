@@ -127,15 +127,19 @@ class SimNode:
         pass
 
 
+CLIENTS = storelink.SharedClients()   # this process's hosts' clients
+
+
 def host_watchdog(job: Job, index: int, store_address, directory: str, stream, fan: int,
                   env: dict | None = None) -> Watchdog:
     """The real watchdog of host `index`, its trace folder replaced by the synthetic job. env: more
     COLLTRACE_* settings."""
-    storelink.MANY_HOSTS_IN_ONE_PROCESS = True   # hundreds of hosts' connects in one process
     settings = config.load({"COLLTRACE_ON_HANG": "warn", **(env or {})})
     wd = Watchdog(directory, "sim", f"node{index}", settings, stream=stream, store_address=store_address)
     wd.node = wd.on_hang.node = SimNode(job, index)
-    wd.store = Exchange(wd.node, store_address, stream, place=(index, job.hosts()), fan=fan)
+    # hundreds of hosts' connects in one process share clients; they share one clock too
+    wd.store = Exchange(wd.node, store_address, stream, place=(index, job.hosts()), fan=fan, connect=CLIENTS,
+                        clocks=False)
     return wd
 
 

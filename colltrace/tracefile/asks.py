@@ -22,6 +22,7 @@ import threading
 import time
 
 from colltrace import origins
+from colltrace.tracefile import layout
 
 SIGNAL_OFFSET = 7            # SIGRTMIN+7: a real-time signal programs seldom use
 NATIVE_ASK = "native"        # a stack request whose text is this asks for native frames too
@@ -73,15 +74,15 @@ def stack_signal() -> int | None:
 
 
 def stack_request_path(directory: str, rank: int) -> str:
-    return os.path.join(directory, f"rank-{rank:05d}.stack-request")
+    return layout.rank_file(directory, rank, "stack-request")
 
 
 def stack_answer_path(directory: str, rank: int) -> str:
-    return os.path.join(directory, f"rank-{rank:05d}.stack.json")
+    return layout.rank_file(directory, rank, "stack.json")
 
 
 def stack_signal_path(directory: str, rank: int) -> str:
-    return os.path.join(directory, f"rank-{rank:05d}.stack-signal.txt")
+    return layout.rank_file(directory, rank, "stack-signal.txt")
 
 
 def install_signal(directory: str, rank: int) -> tuple[dict, object]:
@@ -178,11 +179,11 @@ class StackResponder(Responder):
 
 # -- the rank's Flight Recorder ------------------------------------------------------------------
 def fr_request_path(directory: str, rank: int) -> str:
-    return os.path.join(directory, f"rank-{rank:05d}.fr-request")
+    return layout.rank_file(directory, rank, "fr-request")
 
 
 def fr_dump_path(directory: str, rank: int) -> str:
-    return os.path.join(directory, f"rank-{rank:05d}.fr.json")
+    return layout.rank_file(directory, rank, "fr.json")
 
 
 def request_fr(directory: str, rank: int) -> None:

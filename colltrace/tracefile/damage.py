@@ -7,7 +7,8 @@ import json
 import os
 from dataclasses import dataclass
 
-FINDINGS = "findings.jsonl"
+from colltrace.tracefile.layout import FINDINGS
+
 
 
 @dataclass(frozen=True)

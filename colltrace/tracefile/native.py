@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import re
 
-from colltrace.tracefile import symbols
+from colltrace.tracefile import layout, symbols
 
 # Linux's numbers (the file is written on Linux; the reader may run elsewhere)
 SIGNALS = {4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 11: "SIGSEGV"}
@@ -25,11 +25,11 @@ _FIELD = re.compile(r"(\w+)=(\S+)")
 
 
 def native_path(directory: str, rank: int) -> str:
-    return os.path.join(directory, f"rank-{rank:05d}.native.txt")
+    return layout.rank_file(directory, rank, "native.txt")
 
 
 def native_stack_path(directory: str, rank: int) -> str:
-    return os.path.join(directory, f"rank-{rank:05d}.native-stack.txt")
+    return layout.rank_file(directory, rank, "native-stack.txt")
 
 
 def _unescape(s: str) -> str:

@@ -6,11 +6,11 @@ import glob
 import os
 import sys
 
-from colltrace.tracefile import frdump, reader
+from colltrace.tracefile import frdump, layout, reader
 
 
 def _has_traces(directory: str) -> bool:
-    return bool(glob.glob(os.path.join(directory, "rank-*.ring"))) or os.path.exists(os.path.join(directory, "snapshot.json"))
+    return bool(glob.glob(os.path.join(directory, layout.RINGS))) or os.path.exists(os.path.join(directory, layout.SNAPSHOT))
 
 
 def resolve(directory: str, stream=None) -> str:
@@ -35,7 +35,7 @@ def load(directory: str, prefix: str | None = None, damage: list | None = None) 
     folder is judged from what is readable."""
     if not os.path.isdir(directory):
         raise reader.TraceError(f"{directory}: no such folder")
-    if reader.rank_files(directory) or os.path.exists(os.path.join(directory, "snapshot.json")):
+    if reader.rank_files(directory) or os.path.exists(os.path.join(directory, layout.SNAPSHOT)):
         return reader.load_snapshot(directory, damage)
     try:
         dumps = frdump.read(directory, prefix)
@@ -43,6 +43,6 @@ def load(directory: str, prefix: str | None = None, damage: list | None = None) 
         raise reader.TraceError(str(exc)) from None
     if not dumps:
         what = f"files named {prefix}<rank>" if prefix is not None else "files named <prefix><rank>"
-        raise reader.TraceError(f"{directory}: no colltrace traces (rank-*.ring) and no Flight Recorder dumps "
+        raise reader.TraceError(f"{directory}: no colltrace traces ({layout.RINGS}) and no Flight Recorder dumps "
                                f"({what}) in this folder")
     return frdump.to_snapshot(dumps, directory)

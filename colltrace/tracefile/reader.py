@@ -14,7 +14,7 @@ import time
 
 from colltrace import origins
 from colltrace.words import group_desc
-from colltrace.tracefile import asks, batchlog, endings, native, ringfile, samples
+from colltrace.tracefile import asks, batchlog, endings, layout, native, ringfile, samples
 from colltrace.tracefile.damage import Damage, recorded_findings
 from colltrace.tracefile.ringfile import (COMPLETE, ENTER, F_ASYNC, F_CAPTURED, F_DIGEST, F_DONE, F_P2P, F_START,
                                           F_UNOBSERVED, FAIL, RETURN, STARTED, UNTRACED, WAIT, WAITED)
@@ -23,7 +23,6 @@ from colltrace.model import build, schema
 from colltrace.model.schema import COMPLETED, EXIT_CALLS, IN_FLIGHT
 
 SETUP_KEPT = 256   # setup records (group creations, lasting store waits) kept past the window
-RANK_FILE = re.compile(r"rank-(\d+)\.ring$")
 FATAL_SIGNALS = {
     "Segmentation fault": ("SIGSEGV", -11),
     "Aborted": ("SIGABRT", -6),
@@ -41,10 +40,10 @@ def rank_files(directory: str) -> dict[int, str]:
     if not os.path.isdir(directory):
         raise TraceError(f"{directory}: no such folder")
     out = {}
-    for path in glob.glob(os.path.join(directory, "rank-*.ring")):
-        m = RANK_FILE.search(path)
-        if m:
-            out[int(m.group(1))] = path
+    for path in glob.glob(os.path.join(directory, layout.RINGS)):
+        rank = layout.ring_rank(path)
+        if rank is not None:
+            out[rank] = path
     return dict(sorted(out.items()))
 
 
@@ -133,7 +132,7 @@ class RankTrace:
         self.directory = directory
         self.until = until
         self.polled_at: float | None = None
-        base = os.path.join(directory, f"rank-{rank:05d}")
+        base = layout.rank_base(directory, rank)
         self.ring = ringfile.RingReader(base + ".ring")
         self.defs = ringfile.DefsReader(base + ".defs.jsonl")
         self.fault_path = base + ".fault.txt"
@@ -636,8 +635,8 @@ def _newest_job(traces: list[RankTrace]) -> list[RankTrace]:
 
 def load_traces(directory: str, window: int | None = None, until: float | None = None) -> list[RankTrace]:
     files = rank_files(directory)
-    if not files and not os.path.exists(os.path.join(directory, "snapshot.json")):
-        raise TraceError(f"{directory}: no colltrace trace files (rank-*.ring) in this folder")
+    if not files and not os.path.exists(os.path.join(directory, layout.SNAPSHOT)):
+        raise TraceError(f"{directory}: no colltrace trace files ({layout.RINGS}) in this folder")
     traces = []
     for rank in files:
         tr = RankTrace(directory, rank, window=window, until=until)
@@ -649,7 +648,7 @@ def load_traces(directory: str, window: int | None = None, until: float | None =
 def read_saved(directory: str) -> dict | None:
     """snapshot.json, written by a live watchdog or `colltrace dump --from-store`; None if absent.
     Raises TraceError when it cannot be read."""
-    path = os.path.join(directory, "snapshot.json")
+    path = os.path.join(directory, layout.SNAPSHOT)
     if not os.path.exists(path):
         return None
     try:
@@ -675,7 +674,7 @@ def load_snapshot(directory: str, damage: list[Damage] | None = None) -> dict:
         if damage is None or not files:
             raise
         saved = None
-        path = os.path.join(directory, "snapshot.json")
+        path = os.path.join(directory, layout.SNAPSHOT)
         reason = str(exc).split(": ", 1)[1] if str(exc).startswith(path + ": ") else str(exc)
         damage.append(Damage(path, reason, cost="judged from the rank files alone"))
     recorded, bad = recorded_findings(directory)

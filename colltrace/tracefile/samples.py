@@ -17,6 +17,8 @@ import json
 import os
 from collections import deque
 
+from colltrace.tracefile import layout
+
 SAMPLE_HZ = 50              # samples a second while asked: a 40 ms delay gets two
 ASK_FOR_S = 10.0            # one request's worth of sampling; the watchdog asks again while it wants more
 MAX_FILE_BYTES = 8 << 20    # the rank stops writing here (about an hour of sampling)
@@ -25,11 +27,11 @@ SEND_S = 5.0                # what travels to the leader each round: the newest 
 
 
 def request_path(directory: str, rank: int) -> str:
-    return os.path.join(directory, f"rank-{rank:05d}.sample-request")
+    return layout.rank_file(directory, rank, "sample-request")
 
 
 def samples_path(directory: str, rank: int) -> str:
-    return os.path.join(directory, f"rank-{rank:05d}.samples.jsonl")
+    return layout.rank_file(directory, rank, "samples.jsonl")
 
 
 def ask(directory: str, rank: int, seconds: float = ASK_FOR_S) -> None:

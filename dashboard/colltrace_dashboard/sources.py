@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from colltrace import config, verdict
 from colltrace.host import storelink
-from colltrace.tracefile import reader
+from colltrace.tracefile import layout, reader
 from colltrace.model import build
 from colltrace.model.build import merge
 from colltrace.model.finding import Finding
@@ -87,9 +87,9 @@ class FolderSource:
             files = reader.rank_files(self.dir)
         except reader.TraceError as exc:
             raise SourceError(str(exc)) from None
-        has_saved = os.path.exists(os.path.join(self.dir, "snapshot.json"))
+        has_saved = os.path.exists(os.path.join(self.dir, layout.SNAPSHOT))
         if not files and not has_saved:
-            raise SourceError(f"{self.dir}: no colltrace trace files (rank-*.ring) in this folder yet; "
+            raise SourceError(f"{self.dir}: no colltrace trace files ({layout.RINGS}) in this folder yet; "
                               "waiting for the job's ranks")
         if files:
             live = self._read_live()
@@ -112,7 +112,7 @@ class FolderSource:
         snap = merge([node.summary()], now)
         self._add_live_stacks(snap)
         findings = verdict.findings_of(snap, self._stall_s(snap), now)
-        return Reading(snap, findings, now, LIVE, _read_jsonl(os.path.join(self.dir, "findings.jsonl")))
+        return Reading(snap, findings, now, LIVE, _read_jsonl(os.path.join(self.dir, layout.FINDINGS)))
 
     @staticmethod
     def _drop_older_jobs(node) -> None:
@@ -129,7 +129,7 @@ class FolderSource:
 
     def _add_live_stacks(self, snap: dict) -> None:
         """The watchdog's py-spy stacks (in its snapshot.json): where ranks in no collective are."""
-        path = os.path.join(self.dir, "snapshot.json")
+        path = os.path.join(self.dir, layout.SNAPSHOT)
         try:
             mtime = os.stat(path).st_mtime_ns
             if self._saved is None or self._saved[0] != mtime:
@@ -154,7 +154,7 @@ class FolderSource:
             raise SourceError(f"{self.dir}: no rank could be read from this folder")
         now = snap["taken_at"]
         reading = Reading(snap, verdict.findings_of(snap, self._stall_s(snap), now), now, POST_MORTEM,
-                          _read_jsonl(os.path.join(self.dir, "findings.jsonl")))
+                          _read_jsonl(os.path.join(self.dir, layout.FINDINGS)))
         self._post = (sig, reading)
         return reading
 

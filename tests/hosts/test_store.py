@@ -51,10 +51,10 @@ def test_an_unreachable_store_costs_one_warning_and_the_host_is_still_watched(gl
     from colltrace.host import leader, watchdog
 
     # The watchdog alone: c10d gives up connecting after its timeout (5 s; 1 s here); retried, it says so once.
-    from colltrace.host import meeting, storelink
+    from colltrace.host import storelink
 
     connect = storelink.connect
-    monkeypatch.setattr(meeting, "_client", lambda host, port, timeout_s: connect(host, port, 1.0))
+    monkeypatch.setattr(storelink, "connect", lambda host, port, timeout_s: connect(host, port, 1.0))
     monkeypatch.setattr(leader, "STORE_RETRY_S", 0.1)
     stream, stop = io.StringIO(), threading.Event()
     wd = watchdog.Watchdog(str(tmp_path), None, None, config.load({}), stream=stream, store_address=("127.0.0.1", 1))
