@@ -12,6 +12,7 @@ import threading
 import time
 
 from colltrace.testing.synthetic import synthetic_snapshot as make_synthetic
+from helpers import environ
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -115,7 +116,7 @@ def synthetic_snapshot(n_ranks: int, hang: bool = True) -> dict:
 
 
 def clean_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COLLTRACE", "TORCH_DISTRIBUTED_DEBUG"))}
+    env = environ.clean("TORCH_DISTRIBUTED_DEBUG")
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.update(extra)
     return env

@@ -1,19 +1,19 @@
 """Turning colltrace on and off: the start-up hook, install()/uninstall(), bad settings."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
 
 from colltrace.tracefile import reader
+from helpers import environ
 
 PROBE = "import sys; print('torch' in sys.modules, 'colltrace' in sys.modules)"
 
 
 def run_py(code, env_extra, timeout=120):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COLLTRACE")}
+    env = environ.clean()
     env.update(env_extra)
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
 

@@ -17,6 +17,7 @@ import sys
 import pytest
 from helpers.cli import run_cli
 from helpers.jobs import findings
+from helpers import environ
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -105,8 +106,7 @@ def runs(tmp_path_factory) -> dict[str, Run]:
     root = str(tmp_path_factory.mktemp("clone"))
     shutil.copytree(EXAMPLE, os.path.join(root, "examples", "distill"),
                     ignore=shutil.ignore_patterns("__pycache__"))
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("COLLTRACE", "TORCH_DISTRIBUTED_DEBUG", "DISTILL_"))}
+    env = environ.clean("TORCH_DISTRIBUTED_DEBUG", "DISTILL_")
     out = {}
     for command in readme_commands():
         p = subprocess.Popen(argv(command), cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -13,6 +13,7 @@ from helpers.jobs import findings
 
 JOBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jobs")
 from helpers.procs import kill_all  # noqa: E402
+from helpers import environ
 import expecttest  # noqa: E402,F401 - torch.testing._internal needs it (the test extra): fail loudly without
 
 
@@ -23,7 +24,7 @@ def funcs(finding):
 @pytest.mark.slow
 def test_a_later_multiprocess_test_of_a_session_is_watched_too(tmp_path):
     d = str(tmp_path / "trace")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COLLTRACE", "MASTER_", "TORCHELASTIC"))}
+    env = environ.clean("MASTER_", "TORCHELASTIC")
     env.update(COLLTRACE="1", COLLTRACE_DIR=d, COLLTRACE_STALL_S="2", OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
                              os.path.join(JOBS, "mptc_session.py")], cwd=tmp_path, env=env,

@@ -22,6 +22,7 @@ import pytest
 
 from helpers.jobs import JOBS
 from helpers.waiting import wait_until
+from helpers import environ
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 JOB = os.path.join(JOBS, "on_signal.py")
@@ -33,7 +34,7 @@ USR2_TOO = ["--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"]
 
 
 def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COLLTRACE", "TORCHELASTIC"))}
+    env = environ.clean("TORCHELASTIC")
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
     return env
 

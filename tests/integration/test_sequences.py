@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from helpers.jobs import frames_line, loc
+from helpers import environ
 
 pytestmark = pytest.mark.slow
 STALL_S = 2.0
@@ -115,7 +116,7 @@ def test_distill_example_with_a_long_setup_through_colltrace_run(tmp_path):
     after the launcher's own report (shown whole: --no-fold) says whose SIGKILL that was and
     repeats the verdict, last."""
     example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "distill", "train.py")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COLLTRACE")}
+    env = environ.clean()
     env.update(OMP_NUM_THREADS="1", DISTILL_DUMP_DIR=str(tmp_path / "dump"))
     out = str(tmp_path / "trace")
     p = subprocess.run([sys.executable, "-m", "colltrace", "run", "--no-fold", "--dir", out, "--stall-s", str(STALL_S),

@@ -3,11 +3,11 @@ early import of colltrace must not make pytest's assertion rewriting warn (the s
 end before its first test)."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
+from helpers import environ
 
 
 @pytest.mark.parametrize("how", ["-W error", "filterwarnings = error"])
@@ -16,7 +16,7 @@ def test_a_session_with_warnings_as_errors_runs(tmp_path, how):
     args = ["-W", "error"] if how == "-W error" else []
     if how == "filterwarnings = error":
         (tmp_path / "pytest.ini").write_text("[pytest]\nfilterwarnings = error\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COLLTRACE", "PYTEST_"))}
+    env = environ.clean("PYTEST_")
     env.update(COLLTRACE="1", COLLTRACE_DIR=str(tmp_path / "trace"))
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, "test_tiny.py"],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from colltrace import _boot
+from helpers import environ
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -24,7 +25,7 @@ def test_the_checkout_and_its_startup_folder_only_where_no_hook_is_installed(mon
 
 def test_sitecustomize_starts_the_hook_when_asked_and_runs_the_one_it_hides(tmp_path):
     (tmp_path / "sitecustomize.py").write_text("import sys; sys.stderr.write('theirs ran\\n')\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COLLTRACE", "PYTHON"))}
+    env = environ.clean("PYTHON")
     env["PYTHONPATH"] = os.pathsep.join([ROOT, os.path.join(ROOT, "startup"), str(tmp_path)])
     probe = "import sys; print(sorted(m for m in sys.modules if m.startswith('colltrace')))"
     off = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)

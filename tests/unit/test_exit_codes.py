@@ -16,6 +16,7 @@ from colltrace.model import build
 from colltrace.rank import exits
 from colltrace.tracefile import reader
 from test_analysis import STALL, T, Job, analyze, only
+from helpers import environ
 
 PROGRAM = textwrap.dedent('''\
     import ctypes, os, signal, sys, threading
@@ -82,7 +83,7 @@ def ended(tmp_path_factory):
     script.write_text(PROGRAM)
     ways = ["sys_exit", "message", "exit", "raise", "os_exit", "error", "interrupt", "native", "caught", "launcher",
             "fork", "return"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COLLTRACE")}
+    env = environ.clean()
     procs = {w: subprocess.Popen([sys.executable, str(script), str(base / w), w], env=env,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for w in ways}
     out = {}

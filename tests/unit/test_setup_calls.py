@@ -5,7 +5,6 @@ torchrun worker's trace from its interpreter's start."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ from test_analysis import STALL, T, Job, analyze, frames, only
 
 from colltrace import config
 from colltrace.rank import early, setup
+from helpers import environ
 from colltrace.rank.recorder import Recorder
 from colltrace.tracefile import reader
 
@@ -291,7 +291,7 @@ subprocess.run([sys.executable, "-c", "import sys; from colltrace.rank import ea
 
 
 def test_a_torchrun_worker_is_traced_from_its_start_without_torch_and_its_children_are_not(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COLLTRACE", "TORCHELASTIC"))}
+    env = environ.clean("TORCHELASTIC")
     env.update(COLLTRACE="1", COLLTRACE_DIR=str(tmp_path), COLLTRACE_WATCHDOG="off", TORCHELASTIC_RUN_ID="job7",
                RANK="1", WORLD_SIZE="2", MASTER_ADDR="10.0.0.1", MASTER_PORT="29500")
     out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=60)
