@@ -99,7 +99,7 @@ def main() -> None:
         rec = Recorder(settings, 0, 1, "nccl", cuda=cudamarks.CudaMarks(Runtime(), cudamarks.CaptureGate()))
         shim.recorder, shim.first_sight = rec, lambda g: ("0", "default_pg", [0], "nccl", lambda: g.seq)
         shim._c10d = types.SimpleNamespace(_world=types.SimpleNamespace(default_pg=pg, pg_coalesce_state={}))
-        shim._state["settings"] = None
+        shim._state.settings = None
         wrapped = shim._make_c10d_wrapper("all_reduce", all_reduce)
         cpu, gpu = Tensor(False), Tensor(True)
         routes = [("bare", lambda: all_reduce(cpu)), ("cpu tensor", lambda: wrapped(cpu)), ("cuda tensor", lambda: wrapped(gpu))]

@@ -30,7 +30,7 @@ def route(name):
         hooks.detach_all() if name == "untraced" else hooks.attach(dist.group.WORLD, shim)
 compiled = dist.all_reduce
 orig = compiled.__colltrace_original__
-shim._state["settings"] = dataclasses.replace(shim._state["settings"], pure=True)
+shim._state.settings = dataclasses.replace(shim._state.settings, pure=True)
 python = shim._make_c10d_wrapper("all_reduce", orig)   # the same wrapper, the compiled path off
 routes = [("untraced", orig), ("python", python)]
 if getattr(compiled, "__colltrace_plan__", None) is not None:

@@ -4,6 +4,7 @@ on GPU 0; a CUDA call from another thread during a global-mode capture invalidat
 GPU itself does is tests/gpu/check.py's to show."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
@@ -51,7 +52,7 @@ def traced(tmp_path, monkeypatch):
     monkeypatch.setattr(shim, "recorder", rec)
     monkeypatch.setattr(shim, "_c10d", c10d)
     monkeypatch.setattr(shim, "first_sight", describe)
-    monkeypatch.setattr(shim, "_state", dict(shim._state, settings=None))   # the Python wrappers alone
+    monkeypatch.setattr(shim, "_state", dataclasses.replace(shim._state, settings=None))   # the Python wrappers alone
     yield types.SimpleNamespace(rec=rec, fake=fake, gate=gate, pg=pg, c10d=c10d, dir=str(tmp_path))
     rec.close()
 

@@ -4,6 +4,7 @@ ops. Stand-ins here (two ranks in one process, two counters per group, a fake CU
 group of two backends is tests/integration/test_groups.py's."""
 from __future__ import annotations
 
+import dataclasses
 import time
 import types
 
@@ -59,7 +60,7 @@ def test_each_backend_numbers_its_own_ops_and_two_ranks_ordering_them_differentl
                                  _get_object_coll_device=lambda group: "cpu")
     monkeypatch.setattr(shim, "_c10d", c10d)
     monkeypatch.setattr(shim, "first_sight", describe)
-    monkeypatch.setattr(shim, "_state", dict(shim._state, settings=None))
+    monkeypatch.setattr(shim, "_state", dataclasses.replace(shim._state, settings=None))
     ar, bar = shim._make_c10d_wrapper("all_reduce", all_reduce), shim._make_c10d_wrapper("barrier", barrier)
     settings = config.load({"COLLTRACE": "1", "COLLTRACE_DIR": str(tmp_path), "COLLTRACE_POLL_S": "0.02"})
     cpu, gpu = FakeTensor(None), FakeTensor(0)
