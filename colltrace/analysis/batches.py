@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from colltrace.analysis.view import Snapshot, to_int
 from colltrace.model.finding import DuplicateData
+from colltrace.model.schema import COMPLETED
 
 MIN_STEPS = 3      # identical sampled steps before it is a pattern
 MIN_SHARE = 0.9    # of the sampled steps the ranks have in common
@@ -133,7 +134,7 @@ def findings(v) -> list[tuple[DuplicateData, list, set]]:
             m = d.entries[r]
             s = _steps(m)
             last = d.steps[-1]
-            rec = {"state": "completed", "op": "forward", "group": d.group["name"], "seq": last,
+            rec = {"state": COMPLETED, "op": "forward", "group": d.group["name"], "seq": last,
                    "digest": s.get(last), "frames": m.get("frames") if isinstance(m.get("frames"), list) else []}
             loader = _loader(v.snap.ranks.get(r), m)
             if loader is not None:

@@ -6,12 +6,12 @@ import re
 import time
 
 from colltrace.model.finding import Finding, Mismatch, Stall
-from colltrace.model.schema import (EXIT_CALLS, EXITED, INTERRUPTED, NATIVE_EXIT, RAISED, RETURNED, SETUP_GROUP,
-                                    SETUP_LOCAL, STORE_WAIT)
+from colltrace.model.schema import (EXIT_CALLS, EXITED, IN_FLIGHT, INTERRUPTED, NATIVE_EXIT, RAISED, RETURNED,
+                                    SETUP_GROUP, SETUP_LOCAL, STORE_WAIT, WAITING)
 from colltrace.words import group_label, rank_word, sorted_ranks
 
 
-PENDING_STATES = ("waiting", "in_flight")
+PENDING_STATES = (WAITING, IN_FLIGHT)
 
 
 _CPP_LOCATION = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|cu|h|hpp):\d+\] ")

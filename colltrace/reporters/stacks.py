@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from colltrace.model.finding import Finding
-from colltrace.model.schema import DEAD, EXITED, FAILED, NOT_IN_COLLECTIVE, UNKNOWN, UNREADABLE
+from colltrace.model.schema import COMPLETED, DEAD, EXITED, FAILED, NOT_IN_COLLECTIVE, UNKNOWN, UNREADABLE
 from colltrace.origins import is_wrapper, user_frames
 from colltrace.words import frame_text, rank_word
 from colltrace.reporters.phrases import PENDING_STATES, call_at, direction_word, exit_text
@@ -33,7 +33,7 @@ _stack_chain = FramesMemo(_chain)   # once per frames list: 16k ranks share a ha
 
 def _stack_tail(e: dict) -> str:
     state = e.get("state")
-    if e.get("op") and state in PENDING_STATES + ("completed", "failed", "dead", "exited"):
+    if e.get("op") and state in PENDING_STATES + (COMPLETED, FAILED, DEAD, EXITED):
         if e.get("p2p") and e.get("peer") is not None:
             tail = f"{e['op']} {direction_word(e)} rank {e['peer']} (#{e.get('seq')}) on group {e.get('group')}"
         else:

@@ -18,7 +18,8 @@ from colltrace.analysis.culprits import Explanation
 from colltrace.analysis.desync import Desync
 from colltrace.model.finding import (Deadlock, DeadRank, DuplicateData, Finding, Mismatch, Stall,
                                      UnmatchedP2P)
-from colltrace.model.schema import DEAD, EXIT_CALLS, EXITED, INTERRUPTED, LOCAL_SYNC, UNKNOWN, UNREADABLE
+from colltrace.model.schema import (COMPLETED, DEAD, EXIT_CALLS, EXITED, FAILED, IN_FLIGHT, INTERRUPTED, LOCAL_SYNC, UNKNOWN,
+                                     UNREADABLE, WAITING)
 from colltrace.words import and_list, counted, frame_text_of, group_label, rank_word, sorted_ranks
 from colltrace.reporters.phrases import (PENDING_STATES, behind_clause, capitalized, clock, died_since, exit_text,
                                          first_line, group_phrase, natural_key, number_phrase, op_phrase, sample_entry,
@@ -276,8 +277,8 @@ def _dead_rank(f: DeadRank) -> str:
     text += "."
     last = f.last_collective
     if last is not None and last.get("op"):
-        state = {"waiting": "it died inside it", "in_flight": "still in flight", "completed": "completed",
-                 "failed": "it failed"}.get(str(last.get("state")), last.get("state"))
+        state = {WAITING: "it died inside it", IN_FLIGHT: "still in flight", COMPLETED: "completed",
+                 FAILED: "it failed"}.get(str(last.get("state")), last.get("state"))
         what = (op_phrase(f, last) if setup_kind(last.get("group")) else
                 f"{last.get('op')} #{last.get('seq')} on {group_phrase(f, last.get('group'))}")
         text += f" Its last collective was {what} at {where(last)} ({state})."

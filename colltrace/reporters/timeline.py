@@ -15,10 +15,10 @@ from __future__ import annotations
 from colltrace.analysis.stragglers import arrivals
 from colltrace.model import schema
 from colltrace.model.finding import Finding
-from colltrace.model.schema import COMPLETED, FAILED
+from colltrace.model.schema import COMPLETED, FAILED, IN_FLIGHT, WAITING
 from colltrace.reporters import native
 
-PENDING = ("waiting", "in_flight", "queued")
+PENDING = (WAITING, IN_FLIGHT, "queued")
 
 
 def _end(r: dict, taken_at: float) -> tuple[float, bool]:

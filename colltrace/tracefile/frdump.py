@@ -199,7 +199,7 @@ def to_snapshot(dumps: dict[int, dict], source: str = "") -> dict:
             p2p = bool(e.get("is_p2p")) if "is_p2p" in e else peer_local is not None
             seq = _int(e.get("collective_seq_id", e.get("seq_id")), 0)
             p = progress.setdefault(name, {"entered": 0, "completed": 0})
-            done = e.get("state") == "completed" or e.get("retired") is True   # the recorder's own word
+            done = e.get("state") == COMPLETED or e.get("retired") is True   # the recorder's own word
             if not p2p:
                 p["entered"] = max(p["entered"], seq)
                 if done:
@@ -221,12 +221,12 @@ def to_snapshot(dumps: dict[int, dict], source: str = "") -> dict:
                  "fr": {"record_id": e.get("record_id"), "state": e.get("state"),
                         "p2p_seq_id": e.get("p2p_seq_id"), "output_sizes": e.get("output_sizes")}}
             if done:
-                r["state"], r["completed_at"] = "completed", fin or t
+                r["state"], r["completed_at"] = COMPLETED, fin or t
             records.append(r)
         head: set[tuple] = set()
         for r in records:
             if not r["p2p"] and r["state"] != COMPLETED and r["seq"] <= progress[r["group"]]["completed"]:
-                r["state"], r["completed_at"] = "completed", r["completed_at"] or r["entered_at"]
+                r["state"], r["completed_at"] = COMPLETED, r["completed_at"] or r["entered_at"]
             if r["state"] != COMPLETED:
                 # A group's work runs in order on its stream (p2p: per peer): only the oldest
                 # unfinished op there is waited on; the later ones are queued behind it.

@@ -20,7 +20,7 @@ from colltrace.tracefile.ringfile import (COMPLETE, ENTER, F_ASYNC, F_CAPTURED, 
                                           F_UNOBSERVED, FAIL, RETURN, STARTED, UNTRACED, WAIT, WAITED)
 from colltrace.errors import InputError
 from colltrace.model import build, schema
-from colltrace.model.schema import COMPLETED, EXIT_CALLS, IN_FLIGHT
+from colltrace.model.schema import COMPLETED, EXIT_CALLS, FAILED, IN_FLIGHT, WAITING
 
 SETUP_KEPT = 256   # setup records (group creations, lasting store waits) kept past the window
 FATAL_SIGNALS = {
@@ -207,7 +207,7 @@ class RankTrace:
                 rec = int(d["rec"])
                 self.errors[rec] = d
                 r = self.records.get(rec)
-                if r is not None and r["state"] == "failed" and not r.get("error"):
+                if r is not None and r["state"] == FAILED and not r.get("error"):
                     _failed_with(r, d)   # its FAIL slot was read before this line was written
             elif k == "note":
                 self.notes.append(str(d.get("text", "")))
@@ -291,7 +291,7 @@ class RankTrace:
                 "id": rec_id, "rank": self.rank, "group": self._group_name(gid), "seq": seq, "seq_end": seq,
                 "op": sig.get("op", "unknown"), "backend_op": sig.get("backend_op", "unknown"),
                 "p2p": p2p, "peer": peer if peer is not None and peer >= 0 else None,
-                "state": IN_FLIGHT if is_async else "waiting", "async": is_async,
+                "state": IN_FLIGHT if is_async else WAITING, "async": is_async,
                 "entered_at": t, "returned_at": None, "completed_at": None, "started_at": None,
                 "shapes": [list(x) for x in sig.get("shapes", [])], "dtypes": list(sig.get("dtypes", [])),
                 "reduce_op": sig.get("reduce_op"), "root": root if root is not None and root >= 0 else None,
@@ -336,24 +336,24 @@ class RankTrace:
                     # captured into a CUDA graph: nothing ran; it runs at replays, unseen. Not a
                     # completion of the group's earlier work either.
                     r["captured"] = True
-                    r["state"], r["completed_at"] = "completed", t
+                    r["state"], r["completed_at"] = COMPLETED, t
                     self.open.pop(rec_id, None)
                     if not r["p2p"]:
                         self._ended(r)
                 elif flags & F_DONE:
                     self._complete(r, t)
-                elif r["state"] != "failed":
-                    r["state"] = "in_flight"
+                elif r["state"] != FAILED:
+                    r["state"] = IN_FLIGHT
                     if flags & F_UNOBSERVED:
                         r["unobserved"] = True
             elif kind == STARTED:
                 if r["started_at"] is None:
                     r["started_at"] = t
             elif kind == COMPLETE:
-                if r["state"] != "failed":
+                if r["state"] != FAILED:
                     self._complete(r, t)
             elif kind == FAIL:
-                r["state"] = "failed"
+                r["state"] = FAILED
                 if r["returned_at"] is None:
                     r["returned_at"] = t
                 r["failed_at"] = t   # a wait it failed in stays: where the program waited for it
@@ -365,11 +365,11 @@ class RankTrace:
                     _failed_with(r, err)
                 self.open.pop(rec_id, None)
             elif kind == WAIT:
-                if r["state"] not in ("completed", "failed"):
+                if r["state"] not in (COMPLETED, FAILED):
                     # the line the program waits for this call at (Work.wait, wait_tensor)
                     r["wait"] = {"since": t, "frames": self.frames(stack_id), "thread": self.threads.get(tid, "")}
             elif kind == WAITED:
-                if r["state"] != "failed":
+                if r["state"] != FAILED:
                     r.pop("wait", None)
 
     def _ended(self, r: dict, completed: bool = True) -> None:
@@ -397,7 +397,7 @@ class RankTrace:
                         self.setup_kept.pop(next(iter(self.setup_kept)))
 
     def _complete(self, r: dict, t: float) -> None:
-        r["state"] = "completed"
+        r["state"] = COMPLETED
         r["completed_at"] = t
         if r.get("start_event") and r["started_at"] is None:
             r["started_at"] = t   # finished before the poller saw it start: it started by then
@@ -413,7 +413,7 @@ class RankTrace:
         for other in list(self.open.values()):
             if (other.get("unobserved") and other["group"] == r["group"] and not other["p2p"]
                     and other["seq"] < r["seq"] and other["state"] == IN_FLIGHT):
-                other["state"] = "completed"
+                other["state"] = COMPLETED
                 other["completed_at"] = other["completed_at"] or t
                 if other.get("start_event") and other["started_at"] is None:
                     other["started_at"] = other["completed_at"]

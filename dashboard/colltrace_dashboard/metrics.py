@@ -13,14 +13,14 @@ from __future__ import annotations
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from colltrace.analysis.stragglers import NOISE_S
-from colltrace.model.schema import ALIVE, COMPLETED
+from colltrace.model.schema import ALIVE, COMPLETED, IN_FLIGHT, WAITING
 
 # The *_created series would double the output for no use here (this process serves nothing else).
 prometheus_client.disable_created_metrics()
 
 DURATION_BUCKETS = (1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 60.0, 600.0)
 LAG_BUCKETS = (1e-3, 5e-3, 0.02, 0.05, 0.1, 0.5, 2.0, 10.0)
-PENDING = ("waiting", "in_flight")
+PENDING = (WAITING, IN_FLIGHT)
 
 
 class Metrics:

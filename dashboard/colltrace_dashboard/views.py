@@ -15,13 +15,13 @@ from colltrace.reporters import native, phrases, stacks, text as report
 from colltrace.reporters.locations import located
 from colltrace.words import counted, format_ranks, frame_text, short_ranks
 from colltrace.model.finding import Finding
-from colltrace.model.schema import UNREADABLE, WAITING
+from colltrace.model.schema import IN_FLIGHT, UNREADABLE, WAITING
 
 MAX_RANK_CLASSES = 40      # rows of the rank view; the rest are counted
 MAX_GROUPS = 24            # groups listed; groups beyond that whose members are in step are counted
 MAX_TIMELINE_ROWS = 16
 TIMELINE_RECORDS = 12      # recent collectives per timeline row
-PENDING = ("waiting", "in_flight")
+PENDING = (WAITING, IN_FLIGHT)
 GONE = ("dead", "exited")
 STRAGGLER_ROWS = 8         # ranks in the lag view
 STRAGGLER_LAGS = 120       # the latest collectives in it
