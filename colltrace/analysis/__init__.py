@@ -21,8 +21,8 @@ order").
 """
 from __future__ import annotations
 
-from colltrace.analysis.findings import HANG_KINDS, Verdicts
-from colltrace.analysis.view import Snapshot, without_gc
+from colltrace.analysis.findings import HANG_KINDS, Analysis
+from colltrace.analysis.view import JobView, without_gc
 from colltrace.model import schema
 from colltrace.model.finding import Finding
 
@@ -46,4 +46,4 @@ def analyze(snap: schema.Snapshot, stall_s: float, now: float) -> list[Finding]:
     except (TypeError, ValueError):
         now = float((snap or {}).get("taken_at") or 0.0) if isinstance(snap, dict) else 0.0
     with without_gc():
-        return Verdicts(Snapshot(snap), stall_s, now).run()
+        return Analysis(JobView(snap), stall_s, now).run()

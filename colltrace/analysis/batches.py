@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from colltrace.analysis.view import Snapshot, to_int
+from colltrace.analysis.view import JobView, to_int
 from colltrace.model.finding import DuplicateData
 from colltrace.model.schema import COMPLETED
 
@@ -55,7 +55,7 @@ def _tally(ranks: tuple, by_rank: dict[int, dict[int, str]]) -> tuple[list[int],
     return same, len(common)
 
 
-def find(snap: Snapshot) -> list[Duplicate]:
+def find(snap: JobView) -> list[Duplicate]:
     """Every set of ranks of one data-parallel group that fed identical batches in MIN_STEPS or
     more sampled steps and in MIN_SHARE of those compared; largest sets first."""
     models: dict[tuple, dict[int, dict]] = {}
@@ -125,7 +125,7 @@ def _loader(view, m: dict) -> dict | None:
 
 
 def findings(v) -> list[tuple[DuplicateData, list, set]]:
-    """The findings for colltrace.analysis.findings.Verdicts `v`: (finding, graph nodes, own ranks)."""
+    """The findings for colltrace.analysis.findings.Analysis `v`: (finding, graph nodes, own ranks)."""
     out: list[tuple[DuplicateData, list, set]] = []
     for d in find(v.snap):
         r0 = d.ranks[0]

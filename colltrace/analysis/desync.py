@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from colltrace.analysis.view import Snapshot, without_gc
+from colltrace.analysis.view import JobView, without_gc
 from colltrace.model import schema
 from colltrace.model.schema import COMPLETED
 
@@ -48,7 +48,7 @@ def _place(rec: dict, own):
     return str(f.get("file")), str(f.get("func")), f
 
 
-def find(snap: Snapshot) -> list[Desync]:
+def find(snap: JobView) -> list[Desync]:
     """One warning per (group, set of places), the first collective number where it was seen."""
     by_coll: dict[tuple, dict[int, dict]] = {}
     own_frames: dict[int, Callable] = {}
@@ -89,4 +89,4 @@ def find(snap: Snapshot) -> list[Desync]:
 def of_snapshot(snap: schema.Snapshot) -> list[Desync]:
     """Silent desyncs of a whole snapshot (its view checks what it reads: analysis/view.py)."""
     with without_gc():
-        return find(Snapshot(snap))
+        return find(JobView(snap))

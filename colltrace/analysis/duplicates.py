@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from colltrace.analysis.view import Snapshot
+from colltrace.analysis.view import JobView
 from colltrace.model.schema import COMPLETED
 
 MIN_CALLS = 3          # identical calls at one place before it is called a pattern
@@ -38,7 +38,7 @@ def _elements(shapes) -> int:
     return n
 
 
-def find(snap: Snapshot) -> list[Site]:
+def find(snap: JobView) -> list[Site]:
     """Call sites whose senders sent identical bytes in MIN_CALLS or more calls and in MIN_SHARE
     of the calls seen, most calls first."""
     by_coll: dict[tuple, dict[int, dict]] = {}

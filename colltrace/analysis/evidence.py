@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from colltrace.analysis.view import PENDING, Rec, RankView, Snapshot
+from colltrace.analysis.view import PENDING, Rec, RankView, JobView
 from colltrace.model.finding import Finding
 from colltrace.model.schema import IN_FLIGHT, NOT_IN_COLLECTIVE, UNKNOWN, UNREADABLE, WAITING
 
@@ -47,9 +47,9 @@ def probe_fields(e: dict, entry: dict) -> None:
 
 
 class Evidence:
-    """What Verdicts writes into findings about ranks, groups and calls, from one snapshot at `now`."""
+    """What Analysis writes into findings about ranks, groups and calls, from one snapshot at `now`."""
 
-    def __init__(self, snap: Snapshot, now: float):
+    def __init__(self, snap: JobView, now: float):
         self.snap = snap
         self.now = now
         self._annotated: dict = {}   # id(frames list) -> (list, its copy with origins)

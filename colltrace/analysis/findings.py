@@ -14,11 +14,10 @@ from __future__ import annotations
 from colltrace.analysis import batches, duplicates
 from colltrace.analysis.evidence import (ROUTINE_SAMPLE, ROUTINE_WINDOW, Evidence, call_site_of,
                                          compact_record)
-from colltrace.analysis.matching import Mismatch, check_collective
-from colltrace.analysis.view import Rec, RankView, Snapshot
+from colltrace.analysis.matching import Disagreement, check_collective
+from colltrace.analysis.view import Rec, RankView, JobView
 from colltrace.analysis.waitgraph import Key, WaitGraph, coll_name
-from colltrace.model.finding import Deadlock, DeadRank, DuplicateData, Finding, Stall, UnmatchedP2P
-from colltrace.model.finding import Mismatch as MismatchFinding   # matching.Mismatch is the facts it is made of
+from colltrace.model.finding import Deadlock, DeadRank, DuplicateData, Finding, Mismatch, Stall, UnmatchedP2P
 from colltrace.model.schema import ALIVE, EXIT_CALLS, EXITED, INTERRUPTED, NATIVE_EXIT, RAISED, RETURNED, WAITING
 from colltrace.origins import called, innermost_user
 
@@ -75,8 +74,11 @@ def _frame_refs(f: Finding) -> None:
     look["framework_frame"] = j if j is not None and isinstance(frames[j], dict) and frames[j].get("origin") == "framework" else None
 
 
-class Verdicts:
-    def __init__(self, snap: Snapshot, stall_s: float, now: float):
+class Analysis:
+    """One snapshot judged at `now`: its findings, each from the facts the modules below establish
+    (the wait graph, the matching, the evidence). run() gives them."""
+
+    def __init__(self, snap: JobView, stall_s: float, now: float):
         self.snap = snap
         self.stall_s = stall_s
         self.now = now
@@ -153,7 +155,7 @@ class Verdicts:
         ex = view.exit or {}
         return bool(ex.get("pending")) and self.now - (_number(ex.get("at")) or 0.0) < EXIT_STATUS_S
 
-    def _mismatches(self) -> dict[str, Mismatch]:
+    def _mismatches(self) -> dict[str, Disagreement]:
         """Mismatches among the collectives someone is pending in or that failed: the ones that
         hang or break a job. (Completed ones are not re-read on every round: too costly at scale.)"""
         candidates: dict[tuple, list[tuple[int, dict]]] = {}
@@ -178,7 +180,7 @@ class Verdicts:
                     out[k.name] = mm
         return out
 
-    def _diverged(self, k: Key) -> Mismatch | None:
+    def _diverged(self, k: Key) -> Disagreement | None:
         """Group creations (rank/setup.py): the ranks k waits for made fewer; where one made a
         different call at its last number than the waiters did there, the ranks parted there (a
         group made by some ranks only, groups made in another order), though both calls returned.
@@ -192,7 +194,7 @@ class Verdicts:
                     return mm
         return None
 
-    def _settled(self, mm: Mismatch) -> bool:
+    def _settled(self, mm: Disagreement) -> bool:
         """A mismatch is certain once two ranks disagree, but members still arriving a moment
         later belong in the same finding: wait MISMATCH_SETTLE_S after the last arrival unless
         every member is in."""
@@ -295,12 +297,12 @@ class Verdicts:
     # -- the job's own history: what a rank did at this point before ------------------------------
 
     # -- the verdicts ------------------------------------------------------------------------------
-    def _mismatch(self, mm: Mismatch):
+    def _mismatch(self, mm: Disagreement):
         ranks = self.ev.rank_sorted_entries((r, self.ev.entry(r, raw)) for r, raw in mm.records.items())
         notes = self.ev.untraced_before(mm.group, mm.seq, [c["ranks"][0] for c in mm.classes])
         cs = [(sorted(c["ranks"]), mm.records[sorted(c["ranks"])[0]]) for c in mm.classes]
         odd, why = self.ev.odd_ones(cs)
-        f = self.ev.base(MismatchFinding, f"mismatch:{mm.group}:{mm.seq}", mm.group, mm.seq, mm.not_entered, ranks,
+        f = self.ev.base(Mismatch, f"mismatch:{mm.group}:{mm.seq}", mm.group, mm.seq, mm.not_entered, ranks,
                          differs=mm.differs, classes=mm.classes, untraced_before=notes or None,
                          look_first=self.ev.look(why, [rs for rs, _ in cs], odd))
         nodes = []

@@ -9,12 +9,12 @@ from __future__ import annotations
 import bisect
 import operator
 
-from colltrace.analysis.view import MATCHING_OP, UNEVEN_OPS, Rec, Snapshot, is_object_op
+from colltrace.analysis.view import MATCHING_OP, UNEVEN_OPS, Rec, JobView, is_object_op
 
 FIELDS = ("op", "shapes", "dtypes", "reduce_op", "root", "members", "detail")
 
 
-class Mismatch:
+class Disagreement:
     """Members that entered (group, seq) and disagree. `classes`: ranks that did the same."""
 
     __slots__ = ("group", "seq", "differs", "classes", "records", "not_entered", "key")
@@ -71,7 +71,7 @@ def _alone(raw: dict, rank: int) -> bool:
     return raw.get("members") == [rank]
 
 
-def check_collective(snap: Snapshot, group: str, seq: int, at_hand: list[tuple[int, dict]]) -> Mismatch | None:
+def check_collective(snap: JobView, group: str, seq: int, at_hand: list[tuple[int, dict]]) -> Disagreement | None:
     """Compare what the members that entered (group, seq) called. `at_hand`: (rank, raw record)
     already known (the pending ones), so that only the other members' records are looked up."""
     known, keys, _ = snap.arrivals(group)
@@ -147,10 +147,10 @@ def check_collective(snap: Snapshot, group: str, seq: int, at_hand: list[tuple[i
         out.append(c)
     out.sort(key=lambda c: c["ranks"][0])
     kept = {r: records[r] for c in out for r in c["ranks"]}
-    return Mismatch(group, seq, differs, out, kept, sorted(not_entered))
+    return Disagreement(group, seq, differs, out, kept, sorted(not_entered))
 
 
-def p2p_status(snap: Snapshot, rec: Rec) -> tuple[str, int | None]:
+def p2p_status(snap: JobView, rec: Rec) -> tuple[str, int | None]:
     """("posted" | "missing" | "unknown", the peer's count of matching ops toward this rank).
 
     "missing" is claimed only when the peer's records prove it: its matching ops toward this

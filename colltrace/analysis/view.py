@@ -247,7 +247,7 @@ class RankView:
         self._live = [r for r in chosen if r["state"] != FAILED]
         self.pending: list[Rec] = []
         # failed by the backend's timeout: the snapshot decides whether that ended a hang (the
-        # waits stand) or a wait for a rank already gone (failures because of it): Snapshot._timeouts
+        # waits stand) or a wait for a rank already gone (failures because of it): JobView._timeouts
         self.timed_out = [r for r in self.failed if timed_out(r.get("error"))]
         self.end_waits([])
         if self.fatal_abort(self.pending):
@@ -528,8 +528,9 @@ def _frames(x) -> list | None:
     return [f for f in x if isinstance(f, dict)]
 
 
-class Snapshot:
-    """The whole snapshot: readable ranks, unreadable ones with the reason, groups."""
+class JobView:
+    """The whole snapshot as the analyzer reads it (schema.Snapshot is the data): readable ranks
+    (RankView), unreadable ones with the reason, groups."""
 
     def __init__(self, snap: schema.Snapshot):
         snap = snap if isinstance(snap, dict) else {}

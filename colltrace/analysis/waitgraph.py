@@ -12,7 +12,7 @@ one problem gives one finding, reported where it starts.
 from __future__ import annotations
 
 from colltrace.analysis.matching import p2p_status
-from colltrace.analysis.view import Rec, Snapshot
+from colltrace.analysis.view import Rec, JobView
 from colltrace.model.schema import WAITING
 
 # A blocking call younger than this does not count as blocked yet: ranks are read a few ms
@@ -66,7 +66,7 @@ def p2p_name(rec: Rec) -> str:
 
 
 class WaitGraph:
-    def __init__(self, snap: Snapshot, now: float, stall_s: float):
+    def __init__(self, snap: JobView, now: float, stall_s: float):
         self.snap = snap
         self.now = now
         self.stall_s = stall_s
