@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import operator
 
-from colltrace.analysis.view import MATCHING_OP, UNEVEN_OPS, Rec, JobView, is_object_op
+from colltrace.analysis.view import MATCHING_OP, UNEVEN_OPS, JobView, Rec, is_object_op
 
 FIELDS = ("op", "shapes", "dtypes", "reduce_op", "root", "members", "detail")
 

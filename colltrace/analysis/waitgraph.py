@@ -12,7 +12,7 @@ one problem gives one finding, reported where it starts.
 from __future__ import annotations
 
 from colltrace.analysis.matching import p2p_status
-from colltrace.analysis.view import Rec, JobView
+from colltrace.analysis.view import JobView, Rec
 from colltrace.model.schema import WAITING
 
 # A blocking call younger than this does not count as blocked yet: ranks are read a few ms

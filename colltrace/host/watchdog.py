@@ -20,13 +20,13 @@ from colltrace.host.actions import OnHang, missing_states
 from colltrace.host.latecomers import Latecomers
 from colltrace.host.leader import Exchange
 from colltrace.host.nodeview import NodeView, process_gone
-from colltrace.tracefile import layout
 from colltrace.host.outputs import Outputs
 from colltrace.model import arrivals
 from colltrace.model.build import merge, suspects
 from colltrace.model.finding import Finding
 from colltrace.reporters.activity import activity_lines
 from colltrace.reporters.stragglers import render_straggler_line
+from colltrace.tracefile import layout
 
 CERTAIN_KINDS = ("deadlock", "mismatch", "dead_rank")   # what a stall can turn into
 SUPERSEDABLE = ("stall", "unmatched_p2p")

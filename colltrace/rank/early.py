@@ -31,8 +31,8 @@ def torchrun_rank(environ=os.environ) -> tuple[int, int] | None:
 
 def _held(directory: str, rank: int) -> bool:
     """Whether another live process writes this rank's ring (the rank that started this one)."""
-    from colltrace.tracefile.layout import rank_file
     from colltrace.tracefile import ringfile
+    from colltrace.tracefile.layout import rank_file
 
     try:
         with open(rank_file(directory, rank, "ring"), "rb") as f:

@@ -18,8 +18,8 @@ from colltrace.analysis.culprits import Explanation
 from colltrace.analysis.desync import Desync
 from colltrace.model.finding import (Deadlock, DeadRank, DuplicateData, Finding, Mismatch, Stall,
                                      UnmatchedP2P)
-from colltrace.model.schema import (COMPLETED, DEAD, EXIT_CALLS, EXITED, FAILED, IN_FLIGHT, INTERRUPTED, LOCAL_SYNC, UNKNOWN,
-                                     UNREADABLE, WAITING)
+from colltrace.model.schema import (COMPLETED, DEAD, EXIT_CALLS, EXITED, FAILED, IN_FLIGHT, INTERRUPTED, LOCAL_SYNC,
+                                     UNKNOWN, UNREADABLE, WAITING)
 from colltrace.words import and_list, counted, frame_text_of, group_label, rank_word, sorted_ranks
 from colltrace.reporters.phrases import (PENDING_STATES, behind_clause, capitalized, clock, died_since, exit_text,
                                          first_line, group_phrase, natural_key, number_phrase, op_phrase, sample_entry,

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from colltrace.tracefile.layout import FINDINGS
 
 
-
 @dataclass(frozen=True)
 class Damage:
     file: str               # the file as it was read (DIR/name)

@@ -10,7 +10,8 @@ from colltrace.tracefile import frdump, layout, reader
 
 
 def _has_traces(directory: str) -> bool:
-    return bool(glob.glob(os.path.join(directory, layout.RINGS))) or os.path.exists(os.path.join(directory, layout.SNAPSHOT))
+    return (bool(glob.glob(os.path.join(directory, layout.RINGS)))
+            or os.path.exists(os.path.join(directory, layout.SNAPSHOT)))
 
 
 def resolve(directory: str, stream=None) -> str:

@@ -15,9 +15,9 @@ import subprocess
 import sys
 
 import pytest
+from helpers import environ
 from helpers.cli import run_cli
 from helpers.jobs import findings
-from helpers import environ
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))

@@ -9,8 +9,9 @@ import site
 import subprocess
 import sys
 
-from colltrace import _boot
 from helpers import environ
+
+from colltrace import _boot
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
