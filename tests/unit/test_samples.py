@@ -40,8 +40,9 @@ def test_asked_it_samples_the_main_thread_at_a_bounded_rate_then_stops(tmp_path)
     log = samples.SampleLog(samples.samples_path(d, 3))
     log.poll()
     n = len(log.samples)
-    # at most the rate allows; at least a few (a loaded machine delays the thread's wake-ups)
-    assert 5 <= n <= 0.6 * samples.SAMPLE_HZ + 2, n
+    # at most the rate allows; at least one (a loaded machine delays the thread's wake-ups: 2 in
+    # 0.6 s seen on 2 cores shared with other test runs, where 5 was asked for before)
+    assert 1 <= n <= 0.6 * samples.SAMPLE_HZ + 2, n
     funcs = {f["func"] for _, sid in log.samples for f in log.stacks[sid]}
     assert "busy_loading" in funcs and "test_asked_it_samples_the_main_thread_at_a_bounded_rate_then_stops" in funcs
     assert len(log.gcs) >= 1 and all(b >= a for a, b in log.gcs)
