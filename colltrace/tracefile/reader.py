@@ -27,7 +27,8 @@ FATAL_SIGNALS = {
     "Segmentation fault": ("SIGSEGV", -11),
     "Aborted": ("SIGABRT", -6),
     "Bus error": ("SIGBUS", -7),
-    "Floating point exception": ("SIGFPE", -8),
+    "Floating point exception": ("SIGFPE", -8),   # faulthandler's words up to Python 3.12
+    "Floating-point exception": ("SIGFPE", -8),   # Python 3.13's
     "Illegal instruction": ("SIGILL", -4),
 }
 

@@ -121,3 +121,17 @@ def test_native_frames_of_a_thread_without_python_frames_are_not_said_to_be_call
     (f,) = [x for x in verdict.findings_of(snap, 30.0, snap["taken_at"]) if x.kind == "dead_rank"]
     assert ("(innermost: libc.so.6 (memset)) on a thread with no Python frames; its main thread was at "
             "model.py:44 (fused_mlp).") in f.summary
+
+
+def test_faulthandlers_words_for_each_fatal_signal_are_read_on_every_python():
+    """faulthandler's first line names the signal; Python 3.13 spells SIGFPE's "Floating-point
+    exception" where 3.10-3.12 say "Floating point exception"."""
+    from colltrace.tracefile.reader import parse_fault
+
+    frames = '\nCurrent thread 0x00007f (most recent call first):\n  File "/job/train.py", line 25 in fused_mlp\n'
+    for words, name in [("Segmentation fault", "SIGSEGV"), ("Aborted", "SIGABRT"), ("Bus error", "SIGBUS"),
+                        ("Floating point exception", "SIGFPE"), ("Floating-point exception", "SIGFPE"),
+                        ("Illegal instruction", "SIGILL")]:
+        fault = parse_fault(f"Fatal Python error: {words}\n{frames}")
+        assert (fault["signal"], fault["code"]) == (name, -getattr(signal, name)), words
+        assert [(f["line"], f["func"]) for f in fault["frames"]] == [(25, "fused_mlp")]
