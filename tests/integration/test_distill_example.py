@@ -215,7 +215,8 @@ def test_an_aborted_hang_says_colltrace_ended_every_rank(runs, bug):
     assert codes and set(codes.values()) == {-9}, codes
     folded = [line for line in run.err.splitlines() if line.startswith("colltrace: the launcher's failure report (")]
     listed = f"rank{'s' if len(codes) > 1 else ''} {format_ranks(sorted(codes))}"
-    assert len(folded) == 1 and folded[0].endswith(f": {listed} exitcode -9 (SIGKILL): colltrace ended them"), folded
+    them = "them" if len(codes) > 1 else "it"
+    assert len(folded) == 1 and folded[0].endswith(f": {listed} exitcode -9 (SIGKILL): colltrace ended {them}"), folded
     assert re.search(r"^colltrace: ended ranks 0-3 with SIGKILL at \d\d:\d\d:\d\d \(COLLTRACE_ON_HANG=abort: "
                      r"(deadlock|mismatch)\)$", run.err, re.M), run.err[-3000:]
 
