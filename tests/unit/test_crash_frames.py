@@ -129,9 +129,9 @@ def test_faulthandlers_words_for_each_fatal_signal_are_read_on_every_python():
     from colltrace.tracefile.reader import parse_fault
 
     frames = '\nCurrent thread 0x00007f (most recent call first):\n  File "/job/train.py", line 25 in fused_mlp\n'
-    for words, name in [("Segmentation fault", "SIGSEGV"), ("Aborted", "SIGABRT"), ("Bus error", "SIGBUS"),
-                        ("Floating point exception", "SIGFPE"), ("Floating-point exception", "SIGFPE"),
-                        ("Illegal instruction", "SIGILL")]:
-        fault = parse_fault(f"Fatal Python error: {words}\n{frames}")
-        assert (fault["signal"], fault["code"]) == (name, -getattr(signal, name)), words
+    for said, name in [("Segmentation fault", "SIGSEGV"), ("Aborted", "SIGABRT"), ("Bus error", "SIGBUS"),
+                       ("Floating point exception", "SIGFPE"), ("Floating-point exception", "SIGFPE"),
+                       ("Illegal instruction", "SIGILL")]:
+        fault = parse_fault(f"Fatal Python error: {said}\n{frames}")
+        assert (fault["signal"], fault["code"]) == (name, -getattr(signal, name)), said
         assert [(f["line"], f["func"]) for f in fault["frames"]] == [(25, "fused_mlp")]
