@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 from collections import Counter
 
 MAX_RANKS_TEXT = 72       # longer rank lists are abbreviated in prose (the JSON has them all)
@@ -103,3 +104,14 @@ def frame_text(f: dict) -> str:
 def frame_text_of(file, line, func) -> str:
     name = os.path.basename(str(file or "?").replace("\\", "/")) or "?"
     return f"{name}:{line} ({func or '?'})"
+
+
+def signal_name(code: int) -> str | None:
+    """-9 -> "SIGKILL": the signal a process died of, by its exit code as Popen reports it (None:
+    not a signal's)."""
+    if code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return None

@@ -13,10 +13,11 @@ from __future__ import annotations
 import os
 import re
 import select
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
+
+from colltrace.words import signal_name
 
 LOG_FILE = "launcher.txt"
 HOLD_S = 3.0   # a rank's traceback waits this long for colltrace to explain it, then is printed as it was
@@ -80,23 +81,13 @@ class Held:
         for m in _FAILURE.finditer(text):
             code = int(m.group(2))
             # torch 2.4-2.9's table gives the code alone: a negative one is the signal's number
-            out[int(m.group(1))] = Failure(int(m.group(1)), code, int(m.group(3)), m.group(4) or _signal_name(code))
+            out[int(m.group(1))] = Failure(int(m.group(1)), code, int(m.group(3)), m.group(4) or signal_name(code))
         return [out[r] for r in sorted(out)]
 
     def sigtermed(self) -> set[int]:
         """The pids the launcher itself ended (its "Sending process N closing signal SIGTERM")."""
         text = b"".join(self.report).decode("utf-8", "replace")
         return {int(p) for p in _SIGTERMED.findall(text)}
-
-
-def _signal_name(code: int) -> str | None:
-    """-9 -> "SIGKILL": the signal a process died of, by its exit code as Popen reports it."""
-    if code >= 0:
-        return None
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return None
 
 
 def _text(line: bytes) -> str:

@@ -18,6 +18,8 @@ import subprocess
 import sys
 import time
 
+from colltrace.words import signal_name
+
 RUNNER_FIXTURES = ("rank", "world_size", "groups")
 RANK_MAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_main.py")
 FAIL_GRACE_S = 2.0        # after a rank failed: time the others get to finish by themselves
@@ -78,13 +80,6 @@ def _sendable_args(item) -> dict:
             ) from None
         out[name] = value
     return out
-
-
-def _signal_name(code: int) -> str:
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
 
 
 class RankRunner:
@@ -202,7 +197,7 @@ class RankRunner:
         if r in self.ended_by_runner:
             return f"still running {FAIL_GRACE_S:.0f} s after another rank failed: ended"
         if code is not None and code < 0:
-            return f"killed by {_signal_name(code)} before the test finished"
+            return f"killed by {signal_name(code) or f'signal {-code}'} before the test finished"
         return f"exited with code {code} before the test finished"
 
     def summary(self, skip=()) -> str:
