@@ -352,6 +352,9 @@ class Recorder:
         poller = getattr(self, "_poller", None)
         if poller is not None and poller.is_alive() and poller is not threading.current_thread():
             poller.join(timeout=2.0)
+        if threading.current_thread() is threading.main_thread():
+            asks.retire_signal(self._stack_signal_file)   # nobody answers it any more
+            self._stack_signal_file = None
 
     def disable(self, why: str | None = None):
         """Step aside for good: the program goes on untraced."""

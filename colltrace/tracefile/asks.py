@@ -109,6 +109,27 @@ def install_signal(directory: str, rank: int) -> tuple[dict, object]:
     return {"stack_signal": int(sig), "main_thread": threading.main_thread().ident}, f
 
 
+def retire_signal(f) -> None:
+    """At the rank's exit, after its poller stopped: the signal is ignored from now on. Python's
+    finalization would put back the action faulthandler found (the default one, which ends the
+    process on a real-time signal), and the watchdog may still ask while the rank exits: a rank
+    that ended cleanly would die of colltrace's question."""
+    if f is None:
+        return
+    import faulthandler
+
+    sig = stack_signal()
+    try:
+        faulthandler.unregister(sig)
+        signal.signal(sig, signal.SIG_IGN)
+    except (ValueError, RuntimeError, TypeError, OSError):
+        pass
+    try:
+        f.close()
+    except OSError:
+        pass
+
+
 def uninstall_signal(f) -> None:
     """Undo install_signal (a rank whose trace could not be started): unregister, close, remove."""
     if f is None:

@@ -151,3 +151,34 @@ def test_a_rank_dead_at_interpreter_exit_is_acted_on_only_once_someone_waits_for
     waited = dataclasses.replace(dead, waiting=[{"ranks": [0], "group": "0", "seq": 3}], missing_ranks=[1])
     assert actions.act_on(waited, "abort")[0]
     assert actions.act_on(dataclasses.replace(dead, exit={"signal": "SIGABRT", "code": -6}), "abort")[0]   # died mid-run
+
+
+def test_a_rank_asked_for_its_stack_while_it_exits_keeps_its_own_exit_code(tmp_path):
+    """The watchdog may ask (by colltrace's real-time signal) while a rank that resolved its stall
+    exits; Python's finalization puts back the signal's default action, which ends the process.
+    Asked without pause from its first collective to its end, the rank still exits 0."""
+    from helpers import environ
+
+    code = ("import sys, torch, torch.distributed as dist\n"
+            "dist.init_process_group('gloo', init_method=sys.argv[1], rank=0, world_size=1)\n"
+            "dist.all_reduce(torch.ones(2))\n"
+            "print('up', flush=True)\n"
+            "dist.destroy_process_group()\n")
+    env = dict(environ.clean(), COLLTRACE="1", COLLTRACE_DIR=str(tmp_path / "trace"), OMP_NUM_THREADS="1")
+    p = subprocess.Popen([sys.executable, "-c", code, f"file://{tmp_path / 'store'}"], env=env,
+                         stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert p.stdout.readline().strip() == "up"
+        asked, deadline = 0, time.monotonic() + 60
+        while p.poll() is None and time.monotonic() < deadline:
+            try:
+                os.kill(p.pid, asks.stack_signal())
+                asked += 1
+            except ProcessLookupError:
+                break
+            time.sleep(0.002)
+        assert p.wait(timeout=60) == 0 and asked > 10
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
