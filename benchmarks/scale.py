@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from colltrace.analysis import analyze  # noqa: E402
 from colltrace.testing.synthetic import synthetic_snapshot  # noqa: E402
 
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ranks", type=int, default=16384)

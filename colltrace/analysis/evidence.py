@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from colltrace.analysis.view import PENDING, Rec, RankView, JobView
+from colltrace.analysis.view import PENDING, JobView, RankView, Rec
 from colltrace.model.finding import Finding
 from colltrace.model.schema import IN_FLIGHT, NOT_IN_COLLECTIVE, UNKNOWN, UNREADABLE, WAITING
 

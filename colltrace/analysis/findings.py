@@ -12,10 +12,9 @@ stall / unmatched_p2p. Ranks stuck only because of a reported problem are listed
 from __future__ import annotations
 
 from colltrace.analysis import batches, duplicates
-from colltrace.analysis.evidence import (ROUTINE_SAMPLE, ROUTINE_WINDOW, Evidence, call_site_of,
-                                         compact_record)
+from colltrace.analysis.evidence import ROUTINE_SAMPLE, ROUTINE_WINDOW, Evidence, call_site_of, compact_record
 from colltrace.analysis.matching import Disagreement, check_collective
-from colltrace.analysis.view import Rec, RankView, JobView
+from colltrace.analysis.view import JobView, RankView, Rec
 from colltrace.analysis.waitgraph import Key, WaitGraph, coll_name
 from colltrace.model.finding import Deadlock, DeadRank, DuplicateData, Finding, Mismatch, Stall, UnmatchedP2P
 from colltrace.model.schema import ALIVE, EXIT_CALLS, EXITED, INTERRUPTED, NATIVE_EXIT, RAISED, RETURNED, WAITING

@@ -5,8 +5,8 @@ import json
 import sys
 
 from colltrace.commands import flags
-from colltrace.tracefile import postmortem
 from colltrace.errors import EXIT_FOUND, EXIT_OK
+from colltrace.tracefile import postmortem
 
 
 class AnalyzeCommand:

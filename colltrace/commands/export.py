@@ -21,9 +21,9 @@ class ExportCommand:
         p.add_argument("--stall-s", type=flags.non_negative, default=None, help="stall threshold for the findings drawn")
 
     def run(self, args, parser) -> int:
-        from colltrace.reporters import timeline
-        from colltrace.commands.analyze import judged, say_damage   # the verdict `colltrace analyze` shows
+        from colltrace.commands.analyze import judged, say_damage  # the verdict `colltrace analyze` shows
         from colltrace.errors import UsageError
+        from colltrace.reporters import timeline
         from colltrace.words import counted
 
         args.dir = postmortem.resolve(args.dir)

@@ -10,7 +10,6 @@ import time
 from colltrace import config
 from colltrace.commands import joboutput
 
-
 _FLOATS = ("stall_s", "abort_stall_s", "straggler_share")
 
 
@@ -63,10 +62,9 @@ class RunCommand:
         for v, value in flags.items():
             env[v.env] = _dashboard_bind(value, env) if v.field == "dashboard" else str(value)
         settings = config.load(env)
-        from colltrace.host.watchdog import Watchdog
-
         # The watchdog runs here, outside the job: a launcher tearing its workers down cannot take it along.
         from colltrace.commands.dashboard import watchdog_starter
+        from colltrace.host.watchdog import Watchdog
 
         watchdog = Watchdog(directory, job=None, host=None, settings=settings,
                             start_dashboard=watchdog_starter() if settings.dashboard else None)

@@ -14,8 +14,8 @@ class WatchCommand:
         import os
 
         from colltrace import config
-        from colltrace.errors import UsageError
         from colltrace.commands.dashboard import watchdog_starter
+        from colltrace.errors import UsageError
         from colltrace.host.watchdog import Watchdog
 
         if not os.path.isdir(args.dir):

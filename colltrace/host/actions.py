@@ -18,8 +18,8 @@ from colltrace.host import probes
 from colltrace.model.finding import DeadRank, Finding, Stall, UnmatchedP2P
 from colltrace.model.schema import WAITING
 from colltrace.reporters.phrases import not_taken_note
-from colltrace.words import rank_word
 from colltrace.tracefile import endings
+from colltrace.words import rank_word
 
 ABORT_DUMP_S = 0.5    # abort: the stack dumps get this long, all at once, then the ranks are ended
 DUMP_S = 10.0         # dump: nothing is ended, the dumps may take their time (still at once)

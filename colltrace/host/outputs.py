@@ -9,7 +9,8 @@ import os
 from colltrace import verdict
 from colltrace.model.finding import Finding
 from colltrace.model.schema import empty
-from colltrace.reporters import stacks, text as report
+from colltrace.reporters import stacks
+from colltrace.reporters import text as report
 from colltrace.tracefile import layout, storage
 
 

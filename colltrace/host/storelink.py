@@ -174,7 +174,7 @@ class SharedClients:
 def _connect(host: str, port: int, timeout_s: float, attempts: int):
     for attempt in range(attempts):
         try:
-            from torch.distributed import TCPStore   # no torch (a laptop reading a copied folder): one line
+            from torch.distributed import TCPStore  # no torch (a laptop reading a copied folder): one line
 
             return TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s),
                             wait_for_workers=False)

@@ -136,10 +136,8 @@ def slim(ranks: dict, want: dict, now: float) -> dict:
     groups = want["groups"]
     out = {}
     for r, e in ranks.items():
-        if not isinstance(e, dict) or not detailed(e):
-            out[r] = e
-        elif (e.get("status") not in (ALIVE, UNKNOWN) or groups.intersection(e.get("progress") or ()) or _waits(e, now)
-              or _int(r) in want["sample"]):   # a straggler's entry carries its stack samples
+        if not isinstance(e, dict) or not detailed(e) or (e.get("status") not in (ALIVE, UNKNOWN) or groups.intersection(e.get("progress") or ()) or _waits(e, now)
+              or _int(r) in want["sample"]):
             out[r] = e
         else:
             out[r] = vital(e)

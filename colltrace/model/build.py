@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from colltrace import origins
 from colltrace.model import arrivals
-from colltrace.model.schema import (ALIVE, DEAD, ENDED, PENDING, UNKNOWN, UNREADABLE, WAITING, Snapshot, empty,
-                                    is_clock)
+from colltrace.model.schema import ALIVE, DEAD, ENDED, PENDING, UNKNOWN, UNREADABLE, WAITING, Snapshot, empty, is_clock
 
 SUSPECT_AFTER_S = 0.5   # others have waited this long: fetch the missing rank's live stack
 RECENT_COMPLETED = 4    # completed records per rank sent through the store (pending ones always)

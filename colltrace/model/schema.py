@@ -4,7 +4,7 @@ are); the types say what a dict holds. docs/design.md describes every field."""
 from __future__ import annotations
 
 import json
-from typing import Optional, TypedDict, TypeGuard
+from typing import TypedDict, TypeGuard
 
 from colltrace.errors import InputError
 
@@ -72,12 +72,12 @@ class Record(TypedDict, total=False):
     op: str            # the API called; "untraced" for counted gaps
     backend_op: str
     p2p: bool
-    peer: Optional[int]
+    peer: int | None
     state: str         # WAITING, IN_FLIGHT, COMPLETED or FAILED
     entered_at: float
-    returned_at: Optional[float]
-    completed_at: Optional[float]
-    started_at: Optional[float]   # a CUDA collective's start event seen reached; None: not (yet), or unknown
+    returned_at: float | None
+    completed_at: float | None
+    started_at: float | None   # a CUDA collective's start event seen reached; None: not (yet), or unknown
     start_event: bool  # present (True) where a start event was recorded: started_at None means not started
     captured: bool     # present (True): captured into a CUDA graph, runs at replays unseen
     shapes: list
@@ -94,13 +94,13 @@ class Record(TypedDict, total=False):
 
 class Exit(TypedDict, total=False):
     """How a rank ended (a RankEntry's exit)."""
-    code: Optional[int]     # its process's exit code (the status it gave exit(), where written)
+    code: int | None     # its process's exit code (the status it gave exit(), where written)
     how: str                # EXIT_CALLS, RAISED, RETURNED, NATIVE_EXIT, INTERRUPTED or RAISED_ERROR
-    at: Optional[float]     # when it wrote its ending
+    at: float | None     # when it wrote its ending
     message: str            # sys.exit("text")
     exception: str          # "ValueError: bad batch"
     pending: bool           # a return whose exit status is still to come
-    signal: Optional[str]   # SIGSEGV (faulthandler), SIGINT (KeyboardInterrupt), or None: killed
+    signal: str | None   # SIGSEGV (faulthandler), SIGINT (KeyboardInterrupt), or None: killed
     at_exit: bool           # the signal came after its program had finished
     note: str               # gone without a trace
     ended_by: str           # "colltrace": COLLTRACE_ON_HANG=abort ended it (with why, at, finding)
@@ -108,24 +108,24 @@ class Exit(TypedDict, total=False):
 
 class RankEntry(TypedDict, total=False):
     rank: int
-    pid: Optional[int]
-    host: Optional[str]
+    pid: int | None
+    host: str | None
     status: str        # ALIVE, EXITED, DEAD, UNKNOWN or UNREADABLE
-    exit: Optional[Exit]
-    died_at: Optional[float]
-    heartbeat: Optional[float]
-    error: Optional[str]
+    exit: Exit | None
+    died_at: float | None
+    heartbeat: float | None
+    error: str | None
     progress: dict     # group -> {"entered": N, "completed": N}
     records: list      # Record, oldest first
-    stack: Optional[list]
-    stack_at: Optional[float]
-    fault: Optional[dict]
+    stack: list | None
+    stack_at: float | None
+    fault: dict | None
     native_frames: list         # where it died (or, alive, where its main thread is) in native code, innermost first
     native_exception: dict      # the uncaught C++ exception behind its abort: {"type", "what"}
     native_other_thread: bool   # its native frames are a thread's without Python frames, not the stack's
-    job: Optional[str]
+    job: str | None
     lost_slots: int             # ring slots overwritten before they were read
-    stall_s: Optional[float]    # the rank's own COLLTRACE_STALL_S
+    stall_s: float | None    # the rank's own COLLTRACE_STALL_S
     roots: dict                 # where its torch, stdlib and packages are (origins.py)
     digests: bool               # some record carries an input digest
     untraced: list              # entered without colltrace seeing it (the Flight Recorder's entries)

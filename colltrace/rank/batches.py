@@ -43,7 +43,7 @@ _crc32 = zlib.crc32
 
 _state = {"installed": False, "settings": None, "recorder": lambda: None, "off": False, "said": False}
 _models: dict = {}   # id(module) -> _Model, dropped when the module is freed (before its id can be reused)
-_loaders: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # DataLoader -> its info
+_loaders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # DataLoader -> its info
 _last_loader = [0]   # id of the loader whose iterator gave the last batch (0: none seen)
 # A model fed GPU tensors is compared by the batch its loader gave, still on the CPU: once a
 # sampled step found its inputs unreadable (_need), the loader digests the next batch when the

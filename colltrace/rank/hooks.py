@@ -66,7 +66,7 @@ _FAST_OPS = frozenset(("allreduce", "allreduce_coalesced", "allgather", "allgath
 _ONE_STEP = frozenset(("allreduce", "allgather", "allgather_base", "reduce_scatter", "reduce_scatter_base", "alltoall",
                        "alltoall_base", "barrier"))
 _kinds_table: list = []
-_attached: "weakref.WeakSet" = weakref.WeakSet()
+_attached: weakref.WeakSet = weakref.WeakSet()
 _lock = threading.Lock()
 
 

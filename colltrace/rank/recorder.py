@@ -18,12 +18,24 @@ import time
 import traceback
 import weakref
 
-from colltrace.rank import calls, crash, cudamarks, exits, fastpath, flightrecorder, sampler
 from colltrace import origins
+from colltrace.rank import calls, crash, cudamarks, exits, fastpath, flightrecorder, sampler
 from colltrace.tracefile import asks, ringfile, storage
 from colltrace.tracefile.layout import rank_file
-from colltrace.tracefile.ringfile import (COMPLETE, ENTER, F_CAPTURED, F_DONE, F_P2P, F_UNOBSERVED, FAIL, RETURN,
-                                         STARTED, UNTRACED, WAIT, WAITED)
+from colltrace.tracefile.ringfile import (
+    COMPLETE,
+    ENTER,
+    F_CAPTURED,
+    F_DONE,
+    F_P2P,
+    F_UNOBSERVED,
+    FAIL,
+    RETURN,
+    STARTED,
+    UNTRACED,
+    WAIT,
+    WAITED,
+)
 
 _time = time.time
 _getframe = sys._getframe
@@ -119,7 +131,7 @@ class GroupState:
         # lane of the first accelerator); device type -> GroupState. None: one backend.
         self.lanes = None
 
-    def lane(self, device_type: str) -> "GroupState":
+    def lane(self, device_type: str) -> GroupState:
         """The state that numbers this group's ops on tensors of `device_type`."""
         return self if self.lanes is None else self.lanes.get(device_type, self)
 
@@ -834,7 +846,7 @@ class Recorder:
 
     # ---- CUDA collectives --------------------------------------------------------------
     @property
-    def cuda(self) -> "cudamarks.CudaMarks":
+    def cuda(self) -> cudamarks.CudaMarks:
         """What follows this rank's CUDA collectives (made at the first one)."""
         if self._cuda is None:
             self._cuda = cudamarks.CudaMarks()

@@ -28,7 +28,9 @@ import threading
 import time
 import zlib
 
-from colltrace.model.schema import LOCAL_SYNC, SETUP_GROUP as JOB, SETUP_LOCAL, STORE_WAIT as STORE_PREFIX
+from colltrace.model.schema import LOCAL_SYNC, SETUP_LOCAL
+from colltrace.model.schema import SETUP_GROUP as JOB
+from colltrace.model.schema import STORE_WAIT as STORE_PREFIX
 from colltrace.rank.calls import param_getter
 from colltrace.words import format_ranks
 

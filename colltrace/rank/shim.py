@@ -19,8 +19,17 @@ from typing import Any
 
 from colltrace import config
 from colltrace.rank import calls, cudamarks, early, exits, fastpath, hooks, setup
-from colltrace.rank.calls import (BACKEND_OVERRIDES, cuda_device, describe_tensors, device_type, given_root,
-                                  input_digest, param_getter, redop_name, to_global)
+from colltrace.rank.calls import (
+    BACKEND_OVERRIDES,
+    cuda_device,
+    describe_tensors,
+    device_type,
+    given_root,
+    input_digest,
+    param_getter,
+    redop_name,
+    to_global,
+)
 from colltrace.rank.cudamarks import CAPTURED
 from colltrace.tracefile.ringfile import F_ASYNC, F_DIGEST, F_P2P, F_START
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from colltrace.model.finding import Finding, Stall
-from colltrace.words import frame_text, rank_word, sorted_ranks
-from colltrace.reporters.phrases import capitalized, first_line, verb_for
 from colltrace.reporters.locations import user_location, where
-
+from colltrace.reporters.phrases import capitalized, first_line, verb_for
+from colltrace.words import frame_text, rank_word, sorted_ranks
 
 ROUTES = {"in-process": "the rank's own thread", "signal": "faulthandler's signal", "py-spy": "py-spy"}
 

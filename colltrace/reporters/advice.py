@@ -6,11 +6,23 @@ import os
 
 from colltrace.model.finding import Deadlock, DeadRank, DuplicateData, Finding, Mismatch, Stall, UnmatchedP2P
 from colltrace.model.schema import EXIT_CALLS, EXITED, UNKNOWN, UNREADABLE
-from colltrace.words import and_list, rank_word
-from colltrace.reporters.phrases import (PENDING_STATES, call_at, capitalized, exit_text, first_line, it_word,
-                                         its_word, number_phrase, op_phrase, sample_entry, setup_kind, store_key,
-                                         verb_for)
 from colltrace.reporters.locations import call_site, classes, exit_location, locations_text, user_location, where
+from colltrace.reporters.phrases import (
+    PENDING_STATES,
+    call_at,
+    capitalized,
+    exit_text,
+    first_line,
+    it_word,
+    its_word,
+    number_phrase,
+    op_phrase,
+    sample_entry,
+    setup_kind,
+    store_key,
+    verb_for,
+)
+from colltrace.words import and_list, rank_word
 
 
 def _history_clause(look: dict) -> str:

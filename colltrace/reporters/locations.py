@@ -9,7 +9,7 @@ import os
 
 from colltrace.model.finding import Finding
 from colltrace.model.schema import UNKNOWN
-from colltrace.origins import FRAMEWORK, USER, called, callable_name, for_roots, innermost_user, is_wrapper, origin_of
+from colltrace.origins import FRAMEWORK, USER, callable_name, called, for_roots, innermost_user, is_wrapper, origin_of
 from colltrace.words import frame_text, rank_word, sorted_ranks
 
 

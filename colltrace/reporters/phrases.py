@@ -6,10 +6,20 @@ import re
 import time
 
 from colltrace.model.finding import Finding, Mismatch, Stall
-from colltrace.model.schema import (EXIT_CALLS, EXITED, IN_FLIGHT, INTERRUPTED, NATIVE_EXIT, RAISED, RETURNED,
-                                    SETUP_GROUP, SETUP_LOCAL, STORE_WAIT, WAITING)
+from colltrace.model.schema import (
+    EXIT_CALLS,
+    EXITED,
+    IN_FLIGHT,
+    INTERRUPTED,
+    NATIVE_EXIT,
+    RAISED,
+    RETURNED,
+    SETUP_GROUP,
+    SETUP_LOCAL,
+    STORE_WAIT,
+    WAITING,
+)
 from colltrace.words import group_label, rank_word, sorted_ranks
-
 
 PENDING_STATES = (WAITING, IN_FLIGHT)
 

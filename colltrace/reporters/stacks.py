@@ -4,10 +4,9 @@ from __future__ import annotations
 from colltrace.model.finding import Finding
 from colltrace.model.schema import COMPLETED, DEAD, EXITED, FAILED, NOT_IN_COLLECTIVE, UNKNOWN, UNREADABLE
 from colltrace.origins import is_wrapper, user_frames
-from colltrace.words import frame_text, rank_word
-from colltrace.reporters.phrases import PENDING_STATES, call_at, direction_word, exit_text
 from colltrace.reporters.locations import FramesMemo, api_text, innermost_user, user_location, via_frame
-
+from colltrace.reporters.phrases import PENDING_STATES, call_at, direction_word, exit_text
+from colltrace.words import frame_text, rank_word
 
 MAX_CLASSES = 12          # stack classes shown per finding; the rest are counted
 

@@ -7,33 +7,58 @@ comes from a live watchdog and from `colltrace analyze` on a copied folder.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
-
 import dataclasses
 import os
 import re
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from colltrace.analysis.culprits import Explanation
 from colltrace.analysis.desync import Desync
-from colltrace.model.finding import (Deadlock, DeadRank, DuplicateData, Finding, Mismatch, Stall,
-                                     UnmatchedP2P)
-from colltrace.model.schema import (COMPLETED, DEAD, EXIT_CALLS, EXITED, FAILED, IN_FLIGHT, INTERRUPTED, LOCAL_SYNC,
-                                     UNKNOWN, UNREADABLE, WAITING)
-from colltrace.words import and_list, counted, frame_text_of, group_label, rank_word, sorted_ranks
-from colltrace.reporters.phrases import (PENDING_STATES, behind_clause, capitalized, clock, died_since, exit_text,
-                                         first_line, group_phrase, natural_key, number_phrase, op_phrase, sample_entry,
-                                         seconds, setup_kind, shape_text, untraced_clause, verb_for,
-                                         who_phrase)
-from colltrace.reporters.locations import classes, exit_location, locations_text, user_location, where
-from colltrace.reporters.stacks import render_stack_classes
+from colltrace.model.finding import Deadlock, DeadRank, DuplicateData, Finding, Mismatch, Stall, UnmatchedP2P
+from colltrace.model.schema import (
+    COMPLETED,
+    DEAD,
+    EXIT_CALLS,
+    EXITED,
+    FAILED,
+    IN_FLIGHT,
+    INTERRUPTED,
+    LOCAL_SYNC,
+    UNKNOWN,
+    UNREADABLE,
+    WAITING,
+)
 from colltrace.reporters.activity import activity_clause
+from colltrace.reporters.advice import advice
+from colltrace.reporters.culprits import culprit_paragraph
+from colltrace.reporters.locations import classes, exit_location, locations_text, user_location, where
 from colltrace.reporters.native import live_clause, render_native_frames
 from colltrace.reporters.native import place as native_place
-from colltrace.reporters.advice import advice
+from colltrace.reporters.phrases import (
+    PENDING_STATES,
+    behind_clause,
+    capitalized,
+    clock,
+    died_since,
+    exit_text,
+    first_line,
+    group_phrase,
+    natural_key,
+    number_phrase,
+    op_phrase,
+    sample_entry,
+    seconds,
+    setup_kind,
+    shape_text,
+    untraced_clause,
+    verb_for,
+    who_phrase,
+)
+from colltrace.reporters.stacks import render_stack_classes
 from colltrace.reporters.stragglers import render_stragglers
-from colltrace.reporters.culprits import culprit_paragraph
 from colltrace.reporters.warnings import render_warnings
+from colltrace.words import and_list, counted, frame_text_of, group_label, rank_word, sorted_ranks
 
 
 def _where_instead(finding: Finding, rs: list[int], e: dict) -> str:

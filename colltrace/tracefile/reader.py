@@ -13,14 +13,29 @@ import re
 import time
 
 from colltrace import origins
-from colltrace.words import group_desc
-from colltrace.tracefile import asks, batchlog, endings, layout, native, ringfile, samples
-from colltrace.tracefile.damage import Damage, recorded_findings
-from colltrace.tracefile.ringfile import (COMPLETE, ENTER, F_ASYNC, F_CAPTURED, F_DIGEST, F_DONE, F_P2P, F_START,
-                                          F_UNOBSERVED, FAIL, RETURN, STARTED, UNTRACED, WAIT, WAITED)
 from colltrace.errors import InputError
 from colltrace.model import build, schema
 from colltrace.model.schema import COMPLETED, EXIT_CALLS, FAILED, IN_FLIGHT, WAITING
+from colltrace.tracefile import asks, batchlog, endings, layout, native, ringfile, samples
+from colltrace.tracefile.damage import Damage, recorded_findings
+from colltrace.tracefile.ringfile import (
+    COMPLETE,
+    ENTER,
+    F_ASYNC,
+    F_CAPTURED,
+    F_DIGEST,
+    F_DONE,
+    F_P2P,
+    F_START,
+    F_UNOBSERVED,
+    FAIL,
+    RETURN,
+    STARTED,
+    UNTRACED,
+    WAIT,
+    WAITED,
+)
+from colltrace.words import group_desc
 
 SETUP_KEPT = 256   # setup records (group creations, lasting store waits) kept past the window
 FATAL_SIGNALS = {

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
 from colltrace.analysis.stragglers import NOISE_S
 from colltrace.model.schema import ALIVE, COMPLETED, IN_FLIGHT, WAITING
 

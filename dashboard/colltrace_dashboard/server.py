@@ -10,8 +10,8 @@ import threading
 
 import uvicorn
 
-from colltrace_dashboard.app import LOOPBACK_HOSTS, create_app
 from colltrace.errors import ColltraceError
+from colltrace_dashboard.app import LOOPBACK_HOSTS, create_app
 
 
 class DashboardError(ColltraceError):
@@ -69,7 +69,7 @@ class Server:
         """In the foreground until Ctrl-C."""
         self.uvicorn.run(sockets=[self.sock])
 
-    def start(self) -> "Server":
+    def start(self) -> Server:
         self.thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [self.sock]},
                                        name="colltrace-dashboard", daemon=True)
         self.thread.start()

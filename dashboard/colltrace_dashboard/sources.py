@@ -19,12 +19,12 @@ import time
 from dataclasses import dataclass, field, replace
 
 from colltrace import config, verdict
+from colltrace.errors import InputError
 from colltrace.host import storelink
-from colltrace.tracefile import layout, reader
 from colltrace.model import build
 from colltrace.model.build import merge
 from colltrace.model.finding import Finding
-from colltrace.errors import InputError
+from colltrace.tracefile import layout, reader
 
 LIVE, POST_MORTEM = "live", "post-mortem"
 STALE_PUBLISH_S = 10.0   # store summaries older than this: the job's watchdogs stopped publishing
@@ -98,7 +98,7 @@ class FolderSource:
         return self._read_post_mortem()
 
     def _read_live(self) -> Reading | None:
-        from colltrace.host.nodeview import NodeView   # no torch: files and psutil only
+        from colltrace.host.nodeview import NodeView  # no torch: files and psutil only
 
         if self._node is None:
             # Only this host's processes can be watched; ranks elsewhere are read post-mortem.

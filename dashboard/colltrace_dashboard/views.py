@@ -11,11 +11,12 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from colltrace.reporters import native, phrases, stacks, text as report
-from colltrace.reporters.locations import located
-from colltrace.words import counted, format_ranks, frame_text, short_ranks
 from colltrace.model.finding import Finding
 from colltrace.model.schema import IN_FLIGHT, UNREADABLE, WAITING
+from colltrace.reporters import native, phrases, stacks
+from colltrace.reporters import text as report
+from colltrace.reporters.locations import located
+from colltrace.words import counted, format_ranks, frame_text, short_ranks
 
 MAX_RANK_CLASSES = 40      # rows of the rank view; the rest are counted
 MAX_GROUPS = 24            # groups listed; groups beyond that whose members are in step are counted

@@ -23,7 +23,7 @@ class CheckpointManager:
         self.keep = keep
 
     @classmethod
-    def instance(cls, dump_dir: str, ipc, resume: bool = False) -> "CheckpointManager":
+    def instance(cls, dump_dir: str, ipc, resume: bool = False) -> CheckpointManager:
         mgr = cls(dump_dir, ipc)
         if not resume and ipc.is_master:
             # A new run: what an earlier run saved here is replaced, never resumed unasked (the

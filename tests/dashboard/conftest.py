@@ -9,7 +9,6 @@ import pytest
 
 from helpers.dashboard import CHROMIUM, CHROMIUM_ARGS, Proc, _root_conftest, clean_env
 
-
 RECORDED = os.path.join(os.path.dirname(__file__), "..", "fixtures", "recorded")
 
 

@@ -2,9 +2,9 @@
 on damaged and partial folders, and on a synthetic 1,024-rank snapshot."""
 from __future__ import annotations
 
+import html as html_mod
 import json
 import os
-import html as html_mod
 import re
 import time
 

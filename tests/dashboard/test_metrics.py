@@ -14,8 +14,6 @@ from colltrace_dashboard.sources import FolderSource, Reading
 from helpers.dashboard import StaticSource, scrape, synthetic_snapshot
 
 
-
-
 def test_metrics_of_a_recorded_deadlock(recorded):
     with TestClient(create_app(FolderSource(recorded["deadlock"]))) as c:
         r = c.get("/metrics")

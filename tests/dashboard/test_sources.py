@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from colltrace.model.finding import Stall
 from colltrace.host import storelink
+from colltrace.model.finding import Stall
 from colltrace_dashboard.sources import SourceError, StoreSource
 from helpers.dashboard import synthetic_snapshot
 

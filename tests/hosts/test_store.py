@@ -48,10 +48,9 @@ def test_an_unreachable_store_costs_one_warning_and_the_host_is_still_watched(gl
     import threading
 
     from colltrace import config
-    from colltrace.host import leader, watchdog
 
     # The watchdog alone: c10d gives up connecting after its timeout (5 s; 1 s here); retried, it says so once.
-    from colltrace.host import storelink
+    from colltrace.host import leader, storelink, watchdog
 
     connect = storelink.connect
     monkeypatch.setattr(storelink, "connect", lambda host, port, timeout_s: connect(host, port, 1.0))

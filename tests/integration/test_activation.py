@@ -5,9 +5,9 @@ import subprocess
 import sys
 
 import pytest
-from helpers import environ
 
 from colltrace.tracefile import reader
+from helpers import environ
 
 PROBE = "import sys; print('torch' in sys.modules, 'colltrace' in sys.modules)"
 

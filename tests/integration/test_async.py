@@ -6,8 +6,8 @@ that only ran ahead, or used functional collectives (DTensor's path), is never n
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 
 import pytest
 

@@ -3,7 +3,6 @@ Each hang is named by the watchdog within seconds, with the group, the number, t
 ops and the user's own file:line; COLLTRACE_ON_HANG=abort then ends the job."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 

@@ -15,11 +15,11 @@ import subprocess
 import sys
 
 import pytest
+
+from colltrace.words import format_ranks
 from helpers import environ
 from helpers.cli import run_cli
 from helpers.jobs import findings
-
-from colltrace.words import format_ranks
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))

@@ -12,9 +12,10 @@ import pytest
 from helpers.jobs import findings
 
 JOBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jobs")
-from helpers.procs import kill_all  # noqa: E402
-from helpers import environ  # noqa: E402
 import expecttest  # noqa: E402,F401 - torch.testing._internal needs it (the test extra): fail loudly without
+
+from helpers import environ  # noqa: E402
+from helpers.procs import kill_all  # noqa: E402
 
 
 def funcs(finding):

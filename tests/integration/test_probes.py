@@ -10,8 +10,8 @@ import time
 
 from colltrace.host import actions, activity, probes
 from colltrace.model.finding import Deadlock, DeadRank, Stall
-from colltrace.tracefile import asks
 from colltrace.reporters import activity as report
+from colltrace.tracefile import asks
 
 EVAL = {"file": "/job/eval.py", "line": 40, "func": "long_eval"}
 NAP = {"file": "/job/train.py", "line": 12, "func": "nap"}

@@ -20,9 +20,9 @@ import time
 import psutil
 import pytest
 
+from helpers import environ
 from helpers.jobs import JOBS
 from helpers.waiting import wait_until
-from helpers import environ
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 JOB = os.path.join(JOBS, "on_signal.py")

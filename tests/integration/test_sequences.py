@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from helpers.jobs import frames_line, loc
 from helpers import environ
+from helpers.jobs import frames_line, loc
 
 pytestmark = pytest.mark.slow
 STALL_S = 2.0

@@ -6,7 +6,6 @@ import json
 import os
 
 import pytest
-
 import torch.distributed as dist
 
 from colltrace.rank import hooks

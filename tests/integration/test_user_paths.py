@@ -8,8 +8,7 @@ import shutil
 
 import pytest
 
-from helpers.jobs import frames_line, loc
-from helpers.jobs import JOBS
+from helpers.jobs import JOBS, frames_line, loc
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,9 @@ import pytest
 from colltrace import analysis, origins
 from colltrace.analysis import HANG_KINDS
 from colltrace.model.finding import Finding
+from colltrace.reporters import locations, stacks
+from colltrace.reporters import text as report_mod
 from colltrace.reporters.text import render_report, summarize
-from colltrace.reporters import locations, stacks, text as report_mod
 from colltrace.words import format_ranks
 
 T = 1_000.0            # when the stuck collectives were entered
@@ -893,7 +894,7 @@ def test_user_packages_setting_reaches_the_recorded_roots():
     assert s.user_packages == ("mylib", "other_lib") and any("bad-name" in w for w in s.warnings)
     roots = origins.local_roots(s.user_packages)
     assert roots["user_packages"] == ["mylib", "other_lib"]
-    import pytest as installed   # an installed package: a framework, unless named as the user's
+    import pytest as installed  # an installed package: a framework, unless named as the user's
     path = installed.__file__
     assert origins.Origins(origins.local_roots()).classify(path) == ("framework", "pytest")
     assert origins.Origins(origins.local_roots(["pytest"])).classify(path) == ("user", None)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import random
 
+from test_stragglers import job
+
 from colltrace.analysis import stragglers
 from colltrace.model import arrivals
-from test_stragglers import job
 
 
 def _two_hosts(snap, ahead_s=0.2):

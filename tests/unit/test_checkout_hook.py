@@ -9,9 +9,8 @@ import site
 import subprocess
 import sys
 
-from helpers import environ
-
 from colltrace import _boot
+from helpers import environ
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 

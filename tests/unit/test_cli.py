@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from helpers.cli import run_cli
 
+from helpers.cli import run_cli
 
 DEADLOCK = os.path.join(os.path.dirname(__file__), "..", "fixtures", "recorded", "deadlock")
 
@@ -115,7 +115,7 @@ def test_analyze_uses_the_jobs_own_stall_threshold(tmp_path):
     as the live watchdog did, not by this shell's default of 30 s."""
     import json
 
-    from test_analysis import STALL, T, Job
+    from test_analysis import STALL, Job, T
 
     job = Job(2)
     job.history("0", 3)

@@ -10,6 +10,7 @@ import os
 import shutil
 
 import pytest
+
 from helpers.cli import run_cli
 
 RECORDED = os.path.join(os.path.dirname(__file__), "..", "fixtures", "recorded", "deadlock")

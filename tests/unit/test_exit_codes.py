@@ -11,11 +11,11 @@ import textwrap
 import threading
 
 import pytest
+from test_analysis import STALL, Job, T, analyze, only
 
 from colltrace.model import build
 from colltrace.rank import exits
 from colltrace.tracefile import reader
-from test_analysis import STALL, T, Job, analyze, only
 from helpers import environ
 
 PROGRAM = textwrap.dedent('''\

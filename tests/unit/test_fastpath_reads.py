@@ -8,7 +8,6 @@ from colltrace.rank import fastpath, shim
 from colltrace.rank.recorder import GroupState, Recorder
 
 
-
 def test_every_field_the_compiled_path_reads_is_on_the_objects_it_reads(tmp_path):
     assert fastpath.available(), "the compiled hot path is not built: pip install -e . with a C compiler"
     reads = fastpath._fastpath.READS

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from helpers.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,8 +129,8 @@ def _dumps(last: dict, version="2.4", n=3) -> dict:
 @pytest.mark.parametrize("field,odd", [("sizes", _entry(2, sizes=((4,),))), ("dtypes", _entry(2, dtypes=("Half",))),
                                        ("op", _entry(2, op="broadcast"))])
 def test_mismatch_of_sizes_dtypes_or_op_is_found_in_nccl_dumps(field, odd):
-    from colltrace.tracefile import frdump
     from colltrace.analysis import analyze, culprits
+    from colltrace.tracefile import frdump
 
     snap = frdump.to_snapshot(_dumps({1: odd}))
     fs = analyze(snap, stall_s=0.0, now=snap["taken_at"])
@@ -140,8 +141,8 @@ def test_mismatch_of_sizes_dtypes_or_op_is_found_in_nccl_dumps(field, odd):
 
 def test_older_versions_without_collective_seq_id_or_is_p2p_are_read():
     """Version 2.0/2.1 dumps (torch 2.4): `seq_id`, no is_p2p, no pg_status, no dtypes."""
-    from colltrace.tracefile import frdump
     from colltrace.analysis import analyze
+    from colltrace.tracefile import frdump
 
     def old(seq, **kw):
         e = _entry(seq, **kw)
@@ -158,8 +159,8 @@ def test_older_versions_without_collective_seq_id_or_is_p2p_are_read():
 
 def test_cross_group_wait_cycle_is_a_deadlock_in_dumps():
     """Rank 0 waits in group A for rank 1, which waits in group B for rank 0."""
-    from colltrace.tracefile import frdump
     from colltrace.analysis import analyze, culprits
+    from colltrace.tracefile import frdump
 
     cfg = {"A": {"name": "A", "desc": "", "ranks": "[0, 1]"}, "B": {"name": "B", "desc": "", "ranks": "[0, 1]"}}
     a, b = ("A", "a"), ("B", "b")
@@ -186,8 +187,8 @@ def test_colltrace_traces_get_culprits_too():
 
 def test_unmatched_send_in_dumps_names_the_peer():
     """Rank 0 sends to rank 1 twice; rank 1 posted one recv (done): the second send is unmatched."""
-    from colltrace.tracefile import frdump
     from colltrace.analysis import analyze, culprits
+    from colltrace.tracefile import frdump
 
     cfg = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}}
 
@@ -205,8 +206,8 @@ def test_unmatched_send_in_dumps_names_the_peer():
 
 def test_p2p_wait_cycle_is_a_deadlock_in_dumps():
     """Both ranks receive first from each other: neither ever sends."""
-    from colltrace.tracefile import frdump
     from colltrace.analysis import analyze
+    from colltrace.tracefile import frdump
 
     cfg = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}}
     dumps = {r: {"version": "2.9", "pg_config": cfg,

@@ -48,8 +48,8 @@ def test_a_folder_shared_by_hosts_keeps_every_host_of_the_newest_job():
 
 def test_a_watchdog_never_reads_a_later_job_in_its_folder_as_its_own(tmp_path):
     from colltrace import config
-    from colltrace.rank.recorder import Recorder
     from colltrace.host.nodeview import NodeView
+    from colltrace.rank.recorder import Recorder
 
     settings = config.load({"COLLTRACE": "1", "COLLTRACE_DIR": str(tmp_path), "COLLTRACE_POLL_S": "0.02"})
     first = Recorder(settings, rank=0, world_size=1, backend="gloo", job="test-1@file:/a")

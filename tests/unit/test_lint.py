@@ -10,6 +10,7 @@ import shutil
 import textwrap
 
 import pytest
+
 from helpers.cli import run_cli
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "distill")

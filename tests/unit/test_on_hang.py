@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from colltrace.model.finding import Deadlock, Mismatch, Stall
 from colltrace.host import actions, probes
+from colltrace.model.finding import Deadlock, Mismatch, Stall
 from colltrace.reporters import phrases, text
 from colltrace.tracefile import endings
 

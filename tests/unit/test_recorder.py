@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 from colltrace import config
-from colltrace.tracefile import reader
 from colltrace.rank.recorder import Recorder
+from colltrace.tracefile import reader
 from helpers.waiting import wait_until
 
 

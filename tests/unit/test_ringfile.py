@@ -8,7 +8,7 @@ import weakref
 
 import pytest
 
-from colltrace.tracefile import ringfile, reader
+from colltrace.tracefile import reader, ringfile
 from colltrace.tracefile.ringfile import COMPLETE, ENTER
 
 

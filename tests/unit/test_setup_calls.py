@@ -12,13 +12,13 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from test_analysis import STALL, T, Job, analyze, frames, only
+from test_analysis import STALL, Job, T, analyze, frames, only
 
 from colltrace import config
 from colltrace.rank import early, setup
-from helpers import environ
 from colltrace.rank.recorder import Recorder
 from colltrace.tracefile import reader
+from helpers import environ
 
 
 def made(job: Job, ranks, seq, op="new_group", state="completed", members=None, group="setup", backend_op=None,

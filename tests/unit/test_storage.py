@@ -8,8 +8,8 @@ import os
 import pytest
 
 from colltrace import config
-from colltrace.tracefile import ringfile, storage, reader
 from colltrace.rank.recorder import Recorder
+from colltrace.tracefile import reader, ringfile, storage
 
 
 class FakeGroup:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import collections
 import json
 from pathlib import Path
-from helpers.cli import run_cli
 
+from helpers.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"

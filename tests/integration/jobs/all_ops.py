@@ -8,8 +8,9 @@ import sys
 
 import torch
 import torch.distributed as dist
-from torch.distributed import P2POp, isend as captured_isend  # by-name import: before tracing starts
 import torch.distributed._functional_collectives as funcol
+from torch.distributed import P2POp  # by-name import: before tracing starts
+from torch.distributed import isend as captured_isend
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()

@@ -9,7 +9,6 @@ wraps, and waits in an all_reduce on the framework's own group, made without a d
 import tinyfw
 import torch
 import torch.distributed as dist
-
 from user_decorators import timed
 
 dist.init_process_group("gloo")

@@ -3,9 +3,9 @@ import json
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-import torch.distributed._functional_collectives as funcol
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()

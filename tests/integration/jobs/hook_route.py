@@ -52,7 +52,7 @@ for _ in range(2):
     model(torch.randn(2, 4)).sum().backward()   # the reducer's all-reduces, on autograd's thread
 dist.barrier()
 
-from colltrace.rank import fastpath, hooks   # noqa: E402
+from colltrace.rank import fastpath, hooks  # noqa: E402
 
 hits = fastpath._fastpath.hook_hits() if fastpath.available() else None
 print("HOOKFAST " + json.dumps({"hits": hits, "compiled": hooks.compiled_in_use()}), flush=True)
