@@ -136,6 +136,54 @@ def test_every_import_follows_the_order():
     assert wrong == [], "imports against docs/design.md's dependency order:\n" + "\n".join(wrong)
 
 
+def inner_layers(package: str) -> dict[str, int]:
+    """{module: its line} from the numbered list under "#### `<package>`" of "### Inside ..."."""
+    with open(DESIGN) as f:
+        text = f.read()
+    head = f"#### `{package}`"
+    assert head in text, f"docs/design.md has no {head!r} section"
+    section = re.split(r"\n#", text.split(head, 1)[1], maxsplit=1)[0]
+    out: dict[str, int] = {}
+    numbers = []
+    for line in section.splitlines():
+        m = re.match(r"(\d+)\. (.*)", line)
+        if not m:
+            continue
+        numbers.append(int(m.group(1)))
+        for name in re.findall(r"`([\w.]+)`", m.group(2).split(" — ", 1)[0]):
+            assert name not in out, f"docs/design.md: {package}.{name} is in two lines"
+            out[name] = int(m.group(1))
+    assert numbers == list(range(1, len(numbers) + 1)) and numbers, \
+        f"docs/design.md: {package}'s lines must be numbered 1, 2, 3, ... (found {numbers})"
+    return out
+
+
+def test_inside_rank_and_host_every_module_is_in_a_line_and_imports_follow_it():
+    known = modules()
+    wrong = []
+    for package in ("colltrace.rank", "colltrace.host"):
+        order = inner_layers(package)
+        mine_all = {n[len(package) + 1:]: v for n, v in known.items() if n.startswith(package + ".")}
+        wrong += [f"{package}.{n} is in no line of docs/design.md's list for {package}"
+                  for n in sorted(mine_all) if n not in order]
+        wrong += [f"docs/design.md's list for {package} names {n}, which does not exist"
+                  for n in sorted(order) if n not in mine_all]
+        for name, (path, is_package) in sorted(mine_all.items()):
+            if name not in order:
+                continue
+            for line, target, written in imports(f"{package}.{name}", path, is_package, known):
+                if not target.startswith(package + "."):
+                    continue
+                theirs = target[len(package) + 1:].split(".")[0]
+                if theirs == name or theirs not in order:
+                    continue
+                if order[theirs] >= order[name]:
+                    where = os.path.relpath(path, ROOT)
+                    wrong.append(f"{package}.{name} (line {order[name]}) imports {theirs} (line {order[theirs]}) "
+                                 f"at {where}:{line}: {written}")
+    assert wrong == [], "against docs/design.md's order inside rank/ and host/:\n" + "\n".join(wrong)
+
+
 def test_the_analysis_imports_neither_torch_nor_the_reporters():
     known = modules()
     wrong = []
