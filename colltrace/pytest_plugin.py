@@ -15,8 +15,12 @@ import os
 import re
 import shutil
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from colltrace.testing.guard import TestGuard
 
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")
@@ -30,7 +34,7 @@ class SessionSettings:
     error: str | None = None   # a bad stall/dir value: a usage error only if colltrace is used
 
 
-GUARD = pytest.StashKey()
+GUARD: pytest.StashKey[TestGuard] = pytest.StashKey()
 SETTINGS = pytest.StashKey[SessionSettings]()
 
 

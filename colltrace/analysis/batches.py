@@ -70,7 +70,7 @@ def find(snap: JobView) -> list[Duplicate]:
             except (KeyError, TypeError):
                 continue
     out = []
-    for (mid, name), entries in sorted(models.items()):
+    for (mid, _name), entries in sorted(models.items()):
         sample = entries[min(entries)]
         try:
             members = sorted({to_int(r) for r in sample["group"]["ranks"]})

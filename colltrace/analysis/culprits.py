@@ -148,7 +148,7 @@ def explain(findings: list[Finding]) -> Explanation:
     hang = [f for f in findings if f.kind != "duplicate_data"]
     by: dict[str, dict[int, list[Reason]]] = {"root": {}, "lag": {}, "backend": {}}
     named = [(f, _roots(f)) for f in hang]
-    for f, (strength, ranks, why) in named:
+    for _f, (strength, ranks, why) in named:
         if strength and why is not None:
             for r in ranks:
                 by[strength].setdefault(r, []).append(why)

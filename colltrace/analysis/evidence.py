@@ -188,7 +188,7 @@ class Evidence:
             chain.append(r)
         same = other = 0
         sites = [call_site_of(v, r) for r in chain]
-        for a, b in zip(sites, sites[1:] + ([here] if here is not None else [])):
+        for a, b in zip(sites, sites[1:] + ([here] if here is not None else []), strict=False):
             if here is not None and a == here:
                 if b == cur:
                     same += 1

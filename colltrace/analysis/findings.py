@@ -70,7 +70,8 @@ def _frame_refs(f: Finding) -> None:
     i = innermost_user(frames)   # wrappers that pass a call on never stand for it
     j = called(frames, i) if i is not None else None
     look["user_frame"] = i
-    look["framework_frame"] = j if j is not None and isinstance(frames[j], dict) and frames[j].get("origin") == "framework" else None
+    look["framework_frame"] = (j if j is not None and isinstance(frames[j], dict)
+                               and frames[j].get("origin") == "framework" else None)
 
 
 class Analysis:
@@ -372,9 +373,9 @@ class Analysis:
         out = set()
         for rank, view in self.snap.ranks.items():
             if (rank not in dead and view.status == EXITED and view.cause and not self._status_due(view)
-                    and not view.failed):   # its own collective failed first: a consequence
-                if any(item["missing"] for item in self._failed_because(rank)):
-                    out.add(rank)
+                    and not view.failed   # its own collective failed first: a consequence
+                    and any(item["missing"] for item in self._failed_because(rank))):
+                out.add(rank)
         return out
 
     def _failed_because(self, rank: int) -> list[dict]:
@@ -473,7 +474,8 @@ class Analysis:
                 "reason": marks[primary.name] if marks[primary.name] in ("left", "new") else "odd_call"}
         f = self.ev.base(Deadlock, "deadlock:" + ",".join(sorted(k.name for k in keys)), primary.group,
                          primary.seq, primary.targets(), ranks, cycle=cycle,
-                         waited_s=round((max(k.ended_at for k in keys) or self.now) - min(k.first_entered for k in keys), 3),
+                         waited_s=round((max(k.ended_at for k in keys) or self.now)
+                                        - min(k.first_entered for k in keys), 3),
                          look_first=look)
         return f, list(comp), own
 
@@ -498,7 +500,8 @@ class Analysis:
             completed = sorted(set(self.snap.members(k.group)) - own)
             # CUDA: a start event recorded before the call that has not fired: the GPU is still on
             # work queued ahead of the collective, which is then not what hangs
-            not_started = sorted({w.rank for w in k.waiters if w.raw.get("start_event") and w.raw.get("started_at") is None}) or None
+            not_started = sorted({w.rank for w in k.waiters
+                                  if w.raw.get("start_event") and w.raw.get("started_at") is None}) or None
             look = {"ranks": not_started or waiting, "rank": (not_started or waiting)[0],
                     "reason": "gpu_queue" if not_started else "backend"}
         elif k.any_of:

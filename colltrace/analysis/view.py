@@ -168,7 +168,8 @@ class Rec:
         # order); None: it may still be running ahead.
         w = raw.get("wait")
         since = w.get("since") if type(w) is dict else None
-        self.parked: float | None = float(since) if isinstance(since, (int, float)) and not isinstance(since, bool) else None
+        self.parked: float | None = (float(since) if isinstance(since, (int, float)) and not isinstance(since, bool)
+                                     else None)
         self.parked_at: list | None = w.get("frames") if self.parked is not None and type(w) is dict else None   # where
         if self.parked is None and self.state == IN_FLIGHT and raw.get("returned_at") is None:
             # an async call that has not returned: the rank is inside it (a communicator's lazy
@@ -590,7 +591,8 @@ class JobView:
                 continue
             waits = []
             for raw in v.timed_out:
-                peers = [raw["peer"]] if raw.get("p2p") and raw.get("peer") is not None else self.members_of(raw["group"])
+                peers = ([raw["peer"]] if raw.get("p2p") and raw.get("peer") is not None
+                         else self.members_of(raw["group"]))
                 t = v.failed_at(raw)
                 if not any(p != rank and p in gone and gone[p] <= t for p in peers):
                     waits.append(raw)
@@ -611,7 +613,8 @@ class JobView:
                 continue
             chained = []
             for raw in v.failed:
-                peers = [raw["peer"]] if raw.get("p2p") and raw.get("peer") is not None else self.members_of(raw["group"])
+                peers = ([raw["peer"]] if raw.get("p2p") and raw.get("peer") is not None
+                         else self.members_of(raw["group"]))
                 t = v.failed_at(raw)
                 if any(p != rank and p in ended and ended[p] <= t + CHAIN_SLACK_S for p in peers):
                     chained.append(raw)

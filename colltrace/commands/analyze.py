@@ -1,11 +1,14 @@
-"""`colltrace analyze DIR`: findings and culprits from a trace folder or Flight Recorder dumps, after the fact."""
+"""`colltrace analyze DIR`: findings and culprits from a trace folder or Flight Recorder dumps, after the
+fact."""
 from __future__ import annotations
 
 import json
 import sys
+from typing import cast
 
 from colltrace.commands import flags
 from colltrace.errors import EXIT_FOUND, EXIT_OK
+from colltrace.model.schema import Snapshot
 from colltrace.tracefile import postmortem
 
 
@@ -17,7 +20,8 @@ class AnalyzeCommand:
     def prepare_parser(self, p):
         p.add_argument("dir", help="the trace folder (COLLTRACE_DIR of the job; colltrace-out: its newest run-*), "
                                    "or a folder of Flight Recorder dumps")
-        p.add_argument("--json", action="store_true", help='print {"findings": [...], "culprits": [...], "warnings": [...], "stragglers": [...]}')
+        p.add_argument("--json", action="store_true",
+                       help='print {"findings": [...], "culprits": [...], "warnings": [...], "stragglers": [...]}')
         p.add_argument("--stall-s", type=flags.non_negative, default=None,
                        help="stall threshold in seconds (default: the job's COLLTRACE_STALL_S; 0 for Flight "
                             "Recorder dumps, which are written when a collective timed out)")
@@ -44,7 +48,7 @@ def judged(directory: str, prefix: str | None, stall_s: float | None):
     from colltrace.tracefile import reader
 
     damage: list = []
-    snap = postmortem.load(directory, prefix, damage)
+    snap = cast(Snapshot, postmortem.load(directory, prefix, damage))   # annotated as a plain dict there
     threshold = stall_s if stall_s is not None else reader.job_stall_s(snap)
     return snap, verdict.of_snapshot(snap, stall_s=threshold, now=snap["taken_at"], damage=damage)
 

@@ -28,7 +28,8 @@ class BuildHooksCommand:
             raise ColltraceError("torch is not importable here; run build-hooks in the job's environment") from None
         from colltrace import torchcompat
 
-        torchcompat.say_if_newer(torch.__version__)   # a build against an untested torch may fail: read it in that light
+        # a build against an untested torch may fail: read it in that light
+        torchcompat.say_if_newer(torch.__version__)
         if not hookbuild.available():
             raise ColltraceError(f"torch {torch.__version__} was built without torch.distributed; nothing to build for")
         if not fastpath.available():
@@ -38,7 +39,8 @@ class BuildHooksCommand:
         if path is not None and not args.force:
             sys.stderr.write(f"colltrace: already built for torch {torch.__version__}: {path}\n")
             return 0
-        what = "the counter and tensor readers and c10d hooks" if hookbuild.supported() else "the counter and tensor readers"
+        what = ("the counter and tensor readers and c10d hooks" if hookbuild.supported()
+                else "the counter and tensor readers")
         sys.stderr.write(f"colltrace: compiling {what} for torch {torch.__version__} (about half a minute)...\n")
         try:
             path = hookbuild.build(verbose=args.verbose)

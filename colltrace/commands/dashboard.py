@@ -1,8 +1,10 @@
-"""`colltrace dashboard DIR | --store HOST:PORT`: the live web dashboard in the foreground, and its starter for watchdogs."""
+"""`colltrace dashboard DIR | --store HOST:PORT`: the live web dashboard in the foreground, and its starter for
+watchdogs."""
 from __future__ import annotations
 
 import os
 import sys
+from typing import cast
 
 NEEDS = "the dashboard needs: pip install 'colltrace[dashboard]'"
 EXTRA = ("fastapi", "uvicorn", "jinja2", "prometheus_client", "fastapi_offline", "colltrace_dashboard")
@@ -68,10 +70,11 @@ class DashboardCommand:
 
         token = (args.token or os.environ.get("COLLTRACE_DASHBOARD_TOKEN", "")).strip() or None
         # SourceError and DashboardError are ColltraceErrors: one line, exit 2
+        source: sources.StoreSource | sources.FolderSource
         if args.store:
             source = sources.StoreSource(args.store, stall_s=args.stall_s)
-        else:
-            source = sources.FolderSource(args.dir, stall_s=args.stall_s)
+        else:   # DIR given, as checked above (but for an empty --store '')
+            source = sources.FolderSource(cast(str, args.dir), stall_s=args.stall_s)
         srv = server.Server(source, args.host, args.port, token=token)
         sys.stderr.write(f"colltrace: dashboard for {source.label} at {srv.url}"
                          f"{' (token required)' if token else ''}; Ctrl-C to stop\n")

@@ -1,4 +1,5 @@
-"""`colltrace dump DIR`: what every rank recorded, oldest first; `--from-store` copies a live job's state into a folder."""
+"""`colltrace dump DIR`: what every rank recorded, oldest first; `--from-store` copies a live job's state into a
+folder."""
 from __future__ import annotations
 
 import json
@@ -47,10 +48,13 @@ def timeline(ranks: dict, last: int | None, roots: dict | None = None, faults: d
              f"  {'time':>10}  {'group':<10} {'number':<8} {'op':<24} {'state':<9}{'took':<12} shapes dtypes  where"]
     for rank, recs in ranks.items():
         shown = recs[-last:] if last else recs
-        lines.append(f"rank {rank}: {len(recs)} records" + (f" (last {len(shown)} shown)" if len(shown) < len(recs) else ""))
+        lines.append(f"rank {rank}: {len(recs)} records"
+                     + (f" (last {len(shown)} shown)" if len(shown) < len(recs) else ""))
         for r in shown:
             if r["op"] == "untraced":
-                lines.append(f"  {r['entered_at'] - t0:9.3f}s  group {r['group']:<4} #{r['seq']}-{r['seq_end']}  untraced x{r['count']} (ran in C++, not seen in Python: DDP's reducer, pg.* calls, compiled code)")
+                lines.append(f"  {r['entered_at'] - t0:9.3f}s  group {r['group']:<4} #{r['seq']}-{r['seq_end']}  "
+                             f"untraced x{r['count']} (ran in C++, not seen in Python: DDP's reducer, pg.* calls, "
+                             "compiled code)")
                 continue
             num = f"#{r['seq']}" + (f"-{r['seq_end']}" if r["seq_end"] != r["seq"] else "")
             if r["p2p"]:
@@ -59,8 +63,9 @@ def timeline(ranks: dict, last: int | None, roots: dict | None = None, faults: d
             if r.get("completed_at"):
                 dur = f" {1000 * (r['completed_at'] - r['entered_at']):.2f} ms"
             shapes = " ".join("x".join(map(str, s)) or "scalar" for s in r["shapes"][:3])
-            lines.append(f"  {r['entered_at'] - t0:9.3f}s  group {r['group']:<4} {num:<8} {r['op']:<24} {r['state']:<9}{dur:<12} "
-                         f"{shapes} {','.join(sorted(set(r['dtypes'])))}  {_where(r['frames'], (roots or {}).get(rank))}")
+            lines.append(f"  {r['entered_at'] - t0:9.3f}s  group {r['group']:<4} {num:<8} {r['op']:<24} "
+                         f"{r['state']:<9}{dur:<12} {shapes} {','.join(sorted(set(r['dtypes'])))}  "
+                         f"{_where(r['frames'], (roots or {}).get(rank))}")
         if faults and rank in faults:
             lines.extend(_fault_lines(faults[rank], (roots or {}).get(rank)))
     return "\n".join(lines)
@@ -74,7 +79,8 @@ class DumpCommand:
         p.add_argument("dir", help="the trace folder; with --from-store, the folder to write")
         p.add_argument("--json", action="store_true", help='print {"ranks": {"0": [record, ...]}}')
         p.add_argument("--rank", type=int, action="append", help="only this rank (repeatable)")
-        p.add_argument("--last", type=flags.positive_int, default=None, help="only the last N records per rank (text view)")
+        p.add_argument("--last", type=flags.positive_int, default=None,
+                       help="only the last N records per rank (text view)")
         p.add_argument("--from-store", metavar="HOST:PORT",
                        help="snapshot a live (even hung) job from its TCPStore (MASTER_ADDR:MASTER_PORT) into DIR")
 

@@ -1,4 +1,5 @@
-"""`colltrace export DIR --perfetto OUT.json`: a timeline of a trace folder or Flight Recorder dumps for ui.perfetto.dev."""
+"""`colltrace export DIR --perfetto OUT.json`: a timeline of a trace folder or Flight Recorder dumps for
+ui.perfetto.dev."""
 from __future__ import annotations
 
 import json
@@ -18,7 +19,8 @@ class ExportCommand:
         p.add_argument("--perfetto", metavar="OUT.json", required=True,
                        help="the file to write (Chrome trace event JSON; open it in ui.perfetto.dev)")
         p.add_argument("--prefix", default=None, help="Flight Recorder dumps: the file name before the rank")
-        p.add_argument("--stall-s", type=flags.non_negative, default=None, help="stall threshold for the findings drawn")
+        p.add_argument("--stall-s", type=flags.non_negative, default=None,
+                       help="stall threshold for the findings drawn")
 
     def run(self, args, parser) -> int:
         from colltrace.commands.analyze import judged, say_damage  # the verdict `colltrace analyze` shows

@@ -57,21 +57,25 @@ class Job:
     def wait(self) -> int:
         """Until the job ends: each signal that comes is passed on; the job's returncode
         (negative: killed by that signal)."""
+        job_pid = self.pid
+        assert job_pid is not None   # wait() follows a start() that did not raise
         waited = set(self.passed_on) | {signal.SIGCHLD}
         while self.returncode is None:
             info = signal.sigtimedwait(waited, POLL_S)
             if info is not None and info.si_signo != signal.SIGCHLD:
                 self._pass_on(info)
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            pid, status = os.waitpid(job_pid, os.WNOHANG)
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
     def _pass_on(self, info) -> None:
-        if info.si_code == SI_KERNEL and _in_my_group(self.pid):
+        pid = self.pid
+        assert pid is not None   # called from wait() only
+        if info.si_code == SI_KERNEL and _in_my_group(pid):
             return   # the terminal sent it to the whole foreground group: the job has it already
         try:
-            os.kill(self.pid, info.si_signo)
+            os.kill(pid, info.si_signo)
         except ProcessLookupError:
             pass
 

@@ -53,7 +53,8 @@ class LintCommand:
         else:
             for f in findings:
                 sys.stdout.write(f.text() + "\n")
-            sys.stdout.write(f"colltrace lint: {counted(len(findings), 'finding')} in {counted(len(files) - unchecked, 'file')}"
+            sys.stdout.write(f"colltrace lint: {counted(len(findings), 'finding')} "
+                             f"in {counted(len(files) - unchecked, 'file')}"
                              + (f" ({unchecked} could not be checked)" if unchecked else "") + "\n")
         if unchecked:
             return 2

@@ -1,4 +1,5 @@
-"""`colltrace run [opts] -- CMD`: runs a job under colltrace, its watchdog in this process, and prints the next command."""
+"""`colltrace run [opts] -- CMD`: runs a job under colltrace, its watchdog in this process, and prints the next
+command."""
 from __future__ import annotations
 
 import os
@@ -6,6 +7,7 @@ import re
 import sys
 import threading
 import time
+from typing import cast
 
 from colltrace import config
 from colltrace.commands import joboutput
@@ -47,8 +49,11 @@ class RunCommand:
         from colltrace.errors import UsageError
 
         if not args.job_argv:
-            raise UsageError("nothing to run: give the job after --, e.g. colltrace run -- torchrun --nproc-per-node 4 train.py")
-        flags = {v: getattr(args, v.field) for v in config.VARIABLES if v.flag and getattr(args, v.field) is not None}
+            raise UsageError("nothing to run: give the job after --, e.g. "
+                             "colltrace run -- torchrun --nproc-per-node 4 train.py")
+        # a row with a flag has a field: the flag's dest (prepare_parser)
+        flags = {v: getattr(args, cast(str, v.field)) for v in config.VARIABLES
+                 if v.flag and getattr(args, cast(str, v.field)) is not None}
         for v, value in flags.items():
             if v.field in _FLOATS and value < 0:
                 raise UsageError(f"{v.flag} must be >= 0")

@@ -88,7 +88,8 @@ def host_entry(entry: dict, *, keep_records: int, died_at: float | None, live_st
     recs = e["records"]
     if len(recs) > keep_records:
         # open ones, and the rank's group creations: what a later one is compared with
-        e["records"] = [r for r in recs[:-keep_records] if r["state"] in PENDING or r.get("setup")] + recs[-keep_records:]
+        e["records"] = ([r for r in recs[:-keep_records] if r["state"] in PENDING or r.get("setup")]
+                        + recs[-keep_records:])
     if died_at is not None:
         e["died_at"] = died_at
         settled(e)   # gone: no status will come now
@@ -107,7 +108,8 @@ def host_entry(entry: dict, *, keep_records: int, died_at: float | None, live_st
         e.pop("native_frames", None)
         e.pop("native_exception", None)
     if live_stack and e["status"] == ALIVE and live_stack[0] >= last_event_t:
-        e["stack_at"], e["stack"] = live_stack[0], live_stack[1]   # only while the rank has done nothing since it was taken
+        # only while the rank has done nothing since it was taken
+        e["stack_at"], e["stack"] = live_stack[0], live_stack[1]
         e["stack_via"] = live_stack[2]
         if len(live_stack) > 4 and live_stack[4]:
             e["native_frames"] = live_stack[4]   # the main thread's native frames then (host/probes.py)

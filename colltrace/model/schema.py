@@ -150,7 +150,8 @@ class _SnapshotBase(TypedDict):
 class Snapshot(_SnapshotBase, total=False):
     clocks: dict       # host -> [its clock minus the leader's, error bound] (host/clock.py); multi-host live jobs
     arrivals: dict     # group -> digests of who came when (model/arrivals.py); live jobs of more than 512 ranks
-    source: dict       # where a post-mortem snapshot came from: {"kind": "flight_recorder", "path"} (tracefile/frdump.py)
+    source: dict       # where a post-mortem snapshot came from: {"kind": "flight_recorder", "path"}
+    #                    (tracefile/frdump.py)
     findings: list     # the findings reported live, as JSON (snapshot.json, `colltrace dump --from-store`)
 
 

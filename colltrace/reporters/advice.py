@@ -31,7 +31,8 @@ def _history_clause(look: dict) -> str:
     why = look.get("reason")
     if why == "left":
         return (f" In earlier iterations {rank_word(rs)} made another call at this point: {it_word(rs)} left "
-                f"{its_word(rs)} own pattern, while {rank_word(vs)} {verb_for(vs, 'keeps to its own', 'keep to theirs')}.")
+                f"{its_word(rs)} own pattern, while {rank_word(vs)} "
+                f"{verb_for(vs, 'keeps to its own', 'keep to theirs')}.")
     if why == "new":
         return (f" {capitalized(rank_word(rs))} never made this call before, while {rank_word(vs)} "
                 f"{verb_for(vs, 'repeats', 'repeat')} {its_word(vs)} usual one.")
@@ -85,7 +86,8 @@ def _advice_dead(f: DeadRank, look: dict) -> str:
         return (f"Look first at what sent rank {rank} {ex.get('signal') or 'its signal'} (Ctrl-C, the launcher or "
                 f"the scheduler)" + (f": it was at {at}" if at else "") + ".")
     if why == "error" and exc:
-        return f"Look first at rank {rank}'s error, {exc}" + (f", raised at {at}" if at else "") + " (its log has the traceback)."
+        return (f"Look first at rank {rank}'s error, {exc}" + (f", raised at {at}" if at else "")
+                + " (its log has the traceback).")
     if why == "exit":
         code = ex.get("code")
         if ex.get("how") in EXIT_CALLS:
@@ -162,9 +164,9 @@ def _advice_stall(f: Stall, look: dict) -> str:
                 f"logs, GPU health and the network.")
     if why == "gpu_queue":
         late = look.get("ranks") or waiting
-        return (f"Look first at what {rank_word(late)} queued on {verb_for(late, 'its', 'their')} GPU before {op} #{seq} "
-                f"on group {g} at {locations_text(f, late)}: a kernel that does not finish (or runs long) holds the "
-                f"stream, and the collective behind it never starts.")
+        return (f"Look first at what {rank_word(late)} queued on {verb_for(late, 'its', 'their')} GPU before "
+                f"{op} #{seq} on group {g} at {locations_text(f, late)}: a kernel that does not finish (or runs long) "
+                f"holds the stream, and the collective behind it never starts.")
     goal = f"{op} #{seq} on group {g}"
     goal = op_phrase(f, sample) if setup_kind(g) else f"{op} #{seq} on group {g}"
     if why == "store_key":
@@ -176,12 +178,14 @@ def _advice_stall(f: Stall, look: dict) -> str:
         rs, vs = look.get("ranks") or waiting, look.get("versus") or []
         loc = call_site((table.get(str(look.get("rank"))) or {}).get("frames")) or "the call"
         return (f"Look first at {loc}: {rank_word(rs)} {verb_for(rs, 'enters', 'enter')} {goal} there, and "
-                f"{rank_word(vs)} never {verb_for(vs, 'does', 'do')}." + _history_clause(dict(look, ranks=rs, versus=vs)))
+                f"{rank_word(vs)} never {verb_for(vs, 'does', 'do')}."
+                + _history_clause(dict(look, ranks=rs, versus=vs)))
     rs = look.get("ranks") or []
     e = table.get(str(look.get("rank"))) or {}
     who = rank_word(rs)
     if e.get("state") in (UNREADABLE, UNKNOWN):
-        return f"Look first at {who}: {its_word(rs)} trace could not be read, and {goal} waits for {verb_for(rs, 'it', 'them')}."
+        return (f"Look first at {who}: {its_word(rs)} trace could not be read, and {goal} waits for "
+                f"{verb_for(rs, 'it', 'them')}.")
     if _thread_deaths(e):
         return _thread_death_advice(e, who, goal)
     if e.get("frames") or e.get("state") in PENDING_STATES:

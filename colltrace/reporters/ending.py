@@ -12,7 +12,8 @@ from colltrace.words import counted, rank_word
 ENDED, DEAD, LAUNCHER, RAISED = "ended", "dead", "launcher", "raised"
 
 
-def ending_line(ending: dict | None, ended: Sequence[int], on_hang: str, hang: bool, already: Sequence[int] = ()) -> str:
+def ending_line(ending: dict | None, ended: Sequence[int], on_hang: str, hang: bool,
+                already: Sequence[int] = ()) -> str:
     """What colltrace did to the job's ranks: "" when there was no hang and it did nothing.
     ended: the ranks its SIGKILL ended; already: ranks it signalled that the launcher reports
     ended otherwise (its SIGTERM came first)."""

@@ -81,7 +81,8 @@ def place(e: dict) -> str:
     if fr is not None:
         text += f" in {frame_text(fr)}"
         ex = e.get("exit")
-        if fr is not frames[0] and not (isinstance(ex, dict) and ex.get("signal") == "SIGABRT"):   # an abort's innermost frames are abort()'s
+        # an abort's innermost frames are abort()'s
+        if fr is not frames[0] and not (isinstance(ex, dict) and ex.get("signal") == "SIGABRT"):
             text += f" (innermost: {frame_text(frames[0])})"
     return text
 

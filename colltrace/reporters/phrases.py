@@ -147,7 +147,8 @@ def exit_text(e: dict, at: str | None = None) -> str:
         how = ex.get("how")
         if how == INTERRUPTED:
             return (f"was interrupted by {ex.get('signal') or 'a signal'}"
-                    + (f" ({first_line(str(ex['exception']))})" if ex.get("exception") else "") + (f" at {at}" if at else ""))
+                    + (f" ({first_line(str(ex['exception']))})" if ex.get("exception") else "")
+                    + (f" at {at}" if at else ""))
         if ex.get("pending"):
             return "ended its program (its exit code was not written yet)"
         code = ex.get("code")
@@ -158,14 +159,16 @@ def exit_text(e: dict, at: str | None = None) -> str:
             msg = f": {first_line(str(ex['message']))}" if ex.get("message") else ""
             return text + (f" at {at}" if at else "") + f", called {how}{msg}"
         if how == RAISED:
-            return text + f" (raise SystemExit({code}): colltrace sees the line of sys.exit, exit() and os._exit calls only)"
+            return text + (f" (raise SystemExit({code}): colltrace sees the line of sys.exit, exit() and os._exit "
+                           "calls only)")
         if how == NATIVE_EXIT:
             return text + " (exit() called in native code: Python's own ending never ran)"
         if how == RETURNED:
             return text + " (its program returned)"
         return text
     if ex.get("signal"):
-        return f"died of {ex['signal']}" + (" at interpreter exit, after its program had finished" if ex.get("at_exit") else "")
+        return (f"died of {ex['signal']}"
+                + (" at interpreter exit, after its program had finished" if ex.get("at_exit") else ""))
     if ex.get("ended_by") == "colltrace":
         return f"ended by colltrace (abort: {ex.get('why')}) at {clock(ex.get('at'))}"
     return "vanished (no exit record: killed by SIGKILL/SIGTERM, or died in native code)"

@@ -89,7 +89,7 @@ def render_stack_classes(finding: Finding) -> str:
     heads = [row["ranks_text"] + ":" for row in rows]
     width = min(max((len(h) for h in heads), default=0), 24)
     lines = ["  stacks (ranks with the same stack):"]
-    for row, head in zip(rows, heads):
+    for row, head in zip(rows, heads, strict=True):
         lines.append(f"    {head.ljust(width)} {row['stack']}")
     if more:
         lines.append(f"    … {more['classes']} more classes ({more['ranks']} ranks)")

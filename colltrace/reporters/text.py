@@ -80,7 +80,8 @@ def _where_instead(finding: Finding, rs: list[int], e: dict) -> str:
             text += f", waiting for {rank_word(e['waiting_for'])}"
         return text
     if e.get("frames"):
-        text = f"{who} {verb_for(rs, 'is', 'are')} in no blocking collective: {verb_for(rs, 'its', 'their')} live stack is at {where(e)}"
+        text = (f"{who} {verb_for(rs, 'is', 'are')} in no blocking collective: {verb_for(rs, 'its', 'their')} "
+                f"live stack is at {where(e)}")
         text += live_clause(e)
         flight = [x for x in e.get("in_flight") or [] if isinstance(x, dict)]
         if flight:
@@ -246,8 +247,8 @@ def _stall(f: Stall) -> str:
                      f"not the collective.")
             return text + untraced_clause(f) + behind_clause(f)
         if done:
-            text += (f"only {rank_word(done)} completed it; {who_phrase(f, waiting, g)} {verb_for(waiting, 'has', 'have')} "
-                     f"not, after {waited}")
+            text += (f"only {rank_word(done)} completed it; {who_phrase(f, waiting, g)} "
+                     f"{verb_for(waiting, 'has', 'have')} not, after {waited}")
         else:
             text += f"none has completed it after {waited}"
         text += ": the collective itself is hung (a GPU kernel that does not finish, a network or transport fault)."

@@ -133,7 +133,8 @@ def build(snap: schema.Snapshot, findings: list[Finding], culprits: list[int] | 
         if not tids:   # a rank with no record still gets its track
             events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": 1, "args": {"name": "main"}})
         ex = entry.get("exit")
-        if entry.get("status") == "dead" and isinstance(ex, dict) and ex.get("signal"):   # how it died: its signal, where, in native code
+        # how it died: its signal, where, in native code
+        if entry.get("status") == "dead" and isinstance(ex, dict) and ex.get("signal"):
             died = entry.get("died_at")
             args = {"signal": ex["signal"], **_native_args(entry)}
             stack = entry.get("stack") or []
@@ -143,7 +144,7 @@ def build(snap: schema.Snapshot, findings: list[Finding], culprits: list[int] | 
             events.append({"ph": "i", "s": "p", "name": f"died of {ex['signal']}", "cat": "death", "pid": rank,
                            "tid": 0, "ts": us(float(died) if isinstance(died, (int, float)) else taken_at),
                            "args": args})
-    for i, f in enumerate(findings):
+    for _i, f in enumerate(findings):
         t = us(float(f.detected_at or taken_at))
         name = f"{f.kind}: group {f.group.get('name')} #{f.seq}"
         args = {"summary": f.summary, "missing_ranks": f.missing_ranks, "key": f.key}

@@ -19,8 +19,14 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from colltrace.model.finding import Finding
+
+if TYPE_CHECKING:
+    from colltrace._boot import _TorchDistributedFinder
 
 ENV_KEYS = ("COLLTRACE", "COLLTRACE_DIR", "COLLTRACE_WATCHDOG", "COLLTRACE_ON_HANG", "COLLTRACE_STALL_S")
 INTERRUPT_AFTER_S = 3.0     # after ending the ranks: time the test gets to return by itself
@@ -92,9 +98,9 @@ class TestGuard:
         self._thread: threading.Thread | None = None
         self._wd = None
         self._saved_env: dict = {}
-        self._finder = None
+        self._finder: _TorchDistributedFinder | None = None
         self._installed_here = False
-        self._prev_handler = None
+        self._prev_handler: Callable[[int, FrameType | None], Any] | int | None = None
         self._handler_set = False
         self._interrupt_sent_at: float | None = None
 
@@ -262,7 +268,7 @@ class TestGuard:
         self.log.write(f"colltrace: {kind}: ended ranks {format_ranks(self.ended) or '(none left)'}\n")
 
     def _end_jobs(self, launchers: bool) -> None:
-        for pid, (rank, started) in list(self._seen.items()):
+        for pid, (_rank, started) in list(self._seen.items()):
             if pid != os.getpid():
                 p = self._alive(pid, started)
                 if p is not None:
@@ -280,18 +286,22 @@ class TestGuard:
 
     def _escalate(self) -> None:
         now = time.time()
+        aborted_at = self.aborted_at
+        assert aborted_at is not None   # _round() escalates only after _abort() set it
         if self._interrupt_sent_at is None:
-            if now - self.aborted_at < INTERRUPT_AFTER_S:
+            if now - aborted_at < INTERRUPT_AFTER_S:
                 return
             self._end_jobs(launchers=True)
             self._interrupt_sent_at = now
             if self._handler_set:
                 # to the main thread itself: its blocking call returns EINTR and the handler runs
-                signal.pthread_kill(threading.main_thread().ident, INTERRUPT_SIGNAL)
+                main_ident = threading.main_thread().ident
+                assert main_ident is not None   # the main thread has started: it runs the test
+                signal.pthread_kill(main_ident, INTERRUPT_SIGNAL)
             return
         if now - self._interrupt_sent_at >= HARD_EXIT_AFTER_S:
             waited = INTERRUPT_AFTER_S + HARD_EXIT_AFTER_S
-            text = self.verdict() + (f"\ncolltrace: the test did not return {waited:.0f} s "
+            text: str | None = self.verdict() + (f"\ncolltrace: the test did not return {waited:.0f} s "
                                      "after its ranks were ended (stuck in native code?): ending this process")
             if self.on_hard_exit is not None:
                 try:
@@ -345,7 +355,7 @@ def _harness_paths() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return stdlib, site
 
 
-def _is_harness(path: str, paths=None) -> bool:
+def _is_harness(path: object, paths=None) -> bool:
     """pytest, pluggy, the standard library (multiprocessing, runpy): how a test is run, not what it does."""
     if not isinstance(path, str) or path.startswith("<frozen "):
         return True
@@ -368,8 +378,8 @@ def _for_display(finding: Finding) -> Finding:
                     harness = [isinstance(f, dict) and _is_harness(f.get("file"), paths) for f in frames]
                     # `python -c "...spawn_main(...)"`: the <string> frame that starts multiprocessing
                     harness = [h or (isinstance(f, dict) and f.get("file") == "<string>" and i + 1 < len(frames)
-                                     and harness[i + 1]) for i, (f, h) in enumerate(zip(frames, harness))]
-                    kept = [f for f, h in zip(frames, harness) if not h]
+                                     and harness[i + 1]) for i, (f, h) in enumerate(zip(frames, harness, strict=True))]
+                    kept = [f for f, h in zip(frames, harness, strict=True) if not h]
                     e[key] = kept or frames
         ranks[r] = e
     return dataclasses.replace(finding, ranks=ranks)
@@ -380,10 +390,13 @@ def _dump_and_exit(text: str | None) -> None:
     import faulthandler
 
     try:
+        stderr = sys.__stderr__
+        if stderr is None:
+            return   # no stream to write to (as before, when this raised): the exit below all the same
         if text:
-            sys.__stderr__.write("\n" + text + "\n")
-        sys.__stderr__.write("\nevery thread of this process:\n")
-        sys.__stderr__.flush()
-        faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
+            stderr.write("\n" + text + "\n")
+        stderr.write("\nevery thread of this process:\n")
+        stderr.flush()
+        faulthandler.dump_traceback(file=stderr, all_threads=True)
     finally:
         os._exit(1)

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 STORE_WAIT_S = 300.0   # how long ranks wait for rank 0 to publish the store's port
 
@@ -110,6 +111,7 @@ def _load_module(name: str, path: str):
     except Exception:
         code = None  # plain asserts then
     spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None   # a test module's .py file: a source loader's
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
     if code is not None:
@@ -184,7 +186,7 @@ def main(argv=None) -> int:
 
         timeout = timedelta(seconds=spec["timeout"]) if spec["timeout"] else None
         store = _store(spec, rank, timeout)
-        kw = {"timeout": timeout} if timeout is not None else {}
+        kw: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
         dist.init_process_group(spec["backend"], store=store, rank=rank, world_size=spec["world_size"], **kw)
         own = {"rank": rank, "world_size": spec["world_size"], "groups": Groups(dist, timeout)}
         kwargs = dict(spec["args"], **{k: own[k] for k in spec["runner_args"]})

@@ -35,7 +35,7 @@ def parse_marker(marker) -> dict:
     allowed = ("world_size", "backend", "timeout")
     if len(marker.args) > 1:
         raise RankSetupError("distributed marker: give world_size as its only positional argument")
-    kw = dict(zip(("world_size",), marker.args))
+    kw = dict(zip(("world_size",), marker.args, strict=False))
     for k, v in marker.kwargs.items():
         if k not in allowed:
             raise RankSetupError(f"distributed marker: unknown argument {k!r} (known: {', '.join(allowed)})")
@@ -118,14 +118,11 @@ class RankRunner:
         base.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: N ranks share the cores
         base.setdefault("PYTHONUNBUFFERED", "1")
         for r in range(self.n):
-            out = open(self.path(r, "output.txt"), "wb")
-            try:
+            with open(self.path(r, "output.txt"), "wb") as out:   # the rank holds its own copy
                 self.procs.append(subprocess.Popen(
                     [sys.executable, RANK_MAIN, spec_path, str(r)],
                     env=dict(base, RANK=str(r), LOCAL_RANK=str(r)), stdin=subprocess.DEVNULL, stdout=out,
                     stderr=subprocess.STDOUT, start_new_session=True))
-            finally:
-                out.close()
 
     def _read_outcomes(self) -> None:
         for r in range(self.n):

@@ -11,11 +11,15 @@ PARTNER, which is in that all_reduce: a certain cross-group deadlock from that m
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, cast
 
 from colltrace import config
 from colltrace.host import storelink
 from colltrace.host.leader import Exchange
 from colltrace.host.watchdog import Watchdog
+
+if TYPE_CHECKING:
+    from colltrace.host.nodeview import NodeView
 
 RANKS_PER_HOST = 8
 FRESH_S = 1.5          # run_host: a rank whose beat the leader saw this recently is "fresh"
@@ -82,9 +86,9 @@ class Job:
                 records.append(dict(records[-1], id=step + 1, seq=step + 1, seq_end=step + 1, state="waiting",
                                     entered_at=self.hang_at, returned_at=None, completed_at=None,
                                     frames=_frames(233, "save_checkpoint")))
-        return {"rank": rank, "pid": 10000 + rank, "host": f"node{index}", "status": "alive", "exit": None, "roots": ROOTS,
-                "died_at": None, "heartbeat": now, "error": None, "progress": progress, "records": records,
-                "stack": None, "stack_at": None, "fault": None}
+        return {"rank": rank, "pid": 10000 + rank, "host": f"node{index}", "status": "alive", "exit": None,
+                "roots": ROOTS, "died_at": None, "heartbeat": now, "error": None, "progress": progress,
+                "records": records, "stack": None, "stack_at": None, "fault": None}
 
 
 class SimNode:
@@ -136,7 +140,7 @@ def host_watchdog(job: Job, index: int, store_address, directory: str, stream, f
     COLLTRACE_* settings."""
     settings = config.load({"COLLTRACE_ON_HANG": "warn", **(env or {})})
     wd = Watchdog(directory, "sim", f"node{index}", settings, stream=stream, store_address=store_address)
-    wd.node = wd.on_hang.node = SimNode(job, index)
+    wd.node = wd.on_hang.node = cast("NodeView", SimNode(job, index))   # NodeView's surface, not its class
     # hundreds of hosts' connects in one process share clients; they share one clock too
     wd.store = Exchange(wd.node, store_address, stream, place=(index, job.hosts()), fan=fan, connect=CLIENTS,
                         clocks=False)

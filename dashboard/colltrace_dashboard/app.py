@@ -185,7 +185,9 @@ def create_app(source, token: str | None = None, allowed_hosts=None, period_s: f
 
 
 def _same(given: str | None, token: str) -> bool:
-    return bool(given) and hmac.compare_digest(given.encode(), token.encode())
+    if not given:
+        return False
+    return hmac.compare_digest(given.encode(), token.encode())
 
 
 def _without_token(request: Request) -> str:
@@ -199,6 +201,7 @@ def _wants_json(request: Request) -> bool:
 
 
 def _refuse(request: Request, status: int, message: str, headers=None) -> Response:
+    response: Response
     if _wants_json(request):
         response = JSONResponse({"error": message}, status_code=status, headers=headers)
     else:

@@ -37,12 +37,14 @@ class Metrics:
                                "Collectives entered and not complete (waiting or in flight), summed over ranks",
                                ["group"], registry=r)
         self.group_seq = Gauge("colltrace_group_last_seq", "Highest collective number any member of the group "
-                               "has entered or completed (the backend's numbering: exact)", ["group", "stage"], registry=r)
+                               "has entered or completed (the backend's numbering: exact)", ["group", "stage"],
+                               registry=r)
         self.last_progress = Gauge("colltrace_rank_last_progress_timestamp_seconds",
                                    "Unix time of the rank's latest collective event (entered, returned or completed)",
                                    ["rank"], registry=r)
         self.heartbeat = Gauge("colltrace_rank_heartbeat_timestamp_seconds",
-                               "Unix time of the rank's latest heartbeat (written by its recorder)", ["rank"], registry=r)
+                               "Unix time of the rank's latest heartbeat (written by its recorder)", ["rank"],
+                               registry=r)
         self.alive = Gauge("colltrace_rank_alive", "1 while the rank's process runs, 0 once it is gone", ["rank"],
                            registry=r)
         self.findings = Counter("colltrace_findings", "Problems found, by kind (each counted once)", ["kind"],

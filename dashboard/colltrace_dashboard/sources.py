@@ -17,6 +17,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, cast
 
 from colltrace import config, verdict
 from colltrace.errors import InputError
@@ -24,7 +25,11 @@ from colltrace.host import storelink
 from colltrace.model import build
 from colltrace.model.build import merge
 from colltrace.model.finding import Finding
+from colltrace.model.schema import Snapshot
 from colltrace.tracefile import layout, reader
+
+if TYPE_CHECKING:
+    from colltrace.host.nodeview import NodeView
 
 LIVE, POST_MORTEM = "live", "post-mortem"
 STALE_PUBLISH_S = 10.0   # store summaries older than this: the job's watchdogs stopped publishing
@@ -36,7 +41,7 @@ class SourceError(InputError):
 
 @dataclass
 class Reading:
-    snap: dict
+    snap: Snapshot
     findings: list[Finding]                              # the analysis of this snapshot
     now: float                                           # the time the snapshot describes
     mode: str = LIVE                                     # live | post-mortem
@@ -46,7 +51,7 @@ class Reading:
 
 def _read_jsonl(path: str) -> list[Finding]:
     """findings.jsonl as the watchdog wrote it; a torn last line (being written) is skipped."""
-    out = []
+    out: list[Finding] = []
     try:
         with open(path, errors="replace") as f:
             for line in f:
@@ -60,9 +65,9 @@ def _read_jsonl(path: str) -> list[Finding]:
         pass
     # the file is append-only: a stall that turned into a deadlock is marked by the later line
     by = {k: f.key for f in out if isinstance(f.supersedes, list) for k in f.supersedes}
-    for f in out:
-        if f.key in by:
-            f.superseded_by = by[f.key]
+    for finding in out:
+        if finding.key in by:
+            finding.superseded_by = by[finding.key]
     return out
 
 
@@ -73,7 +78,7 @@ class FolderSource:
         self.dir = os.path.abspath(directory)
         self.label = self.dir
         self.stall_s = stall_s
-        self._node = None                  # host.nodeview.NodeView while the ranks run here
+        self._node: NodeView | None = None   # while the ranks run here
         self._post: tuple | None = None    # (folder signature, Reading) post-mortem
         self._saved: tuple | None = None   # (mtime, snapshot.json) for live stacks
 
@@ -115,19 +120,19 @@ class FolderSource:
         return Reading(snap, findings, now, LIVE, _read_jsonl(os.path.join(self.dir, layout.FINDINGS)))
 
     @staticmethod
-    def _drop_older_jobs(node) -> None:
+    def _drop_older_jobs(node: NodeView) -> None:
         """A reused folder may hold an older job's ranks: watch the newest job's only."""
-        started = {}
+        started: dict[Any, Any] = {}   # job id -> its ranks' latest start time
         for tr in node.traces.values():
             job = tr.meta.get("job")
             started[job] = max(started.get(job, 0), tr.meta.get("started", 0))
         if len(started) > 1:
-            newest = max(started, key=started.get)
+            newest = max(started, key=started.__getitem__)
             for rank in [r for r, tr in node.traces.items() if tr.meta.get("job") != newest]:
                 node.traces.pop(rank)
                 node.ignored.add(rank)
 
-    def _add_live_stacks(self, snap: dict) -> None:
+    def _add_live_stacks(self, snap: Snapshot) -> None:
         """The watchdog's py-spy stacks (in its snapshot.json): where ranks in no collective are."""
         path = os.path.join(self.dir, layout.SNAPSHOT)
         try:
@@ -147,7 +152,7 @@ class FolderSource:
         if self._post is not None and self._post[0] == sig:
             return self._post[1]
         try:
-            snap = reader.load_snapshot(self.dir)
+            snap = cast(Snapshot, reader.load_snapshot(self.dir))   # annotated as a plain dict there
         except reader.TraceError as exc:
             raise SourceError(str(exc)) from None
         if not snap["ranks"]:
@@ -158,7 +163,7 @@ class FolderSource:
         self._post = (sig, reading)
         return reading
 
-    def _stall_s(self, snap: dict) -> float:
+    def _stall_s(self, snap: Snapshot) -> float:
         return self.stall_s if self.stall_s is not None else reader.job_stall_s(snap)
 
 
@@ -173,7 +178,7 @@ class StoreSource:
         self.label = f"store {self.host}:{self.port}"
         self.stall_s = stall_s
         self.timeout_s = timeout_s
-        self._link = None
+        self._link: storelink.StoreLink | None = None
         self._last: Reading | None = None
 
     def read(self) -> Reading:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from typing import Any
 
 from colltrace.model.finding import Finding
 from colltrace.model.schema import IN_FLIGHT, UNREADABLE, WAITING
@@ -43,7 +44,7 @@ def _span(values: list[float]) -> list[float] | None:
     return [round(min(vs), 3), round(max(vs), 3)] if vs else None
 
 
-def _int_ranks(table: dict) -> list[tuple[int, dict]]:
+def _int_ranks(table: dict | None) -> list[tuple[int, dict]]:
     out = []
     for key, entry in (table or {}).items():
         try:
@@ -92,7 +93,8 @@ def _native_frames(finding: Finding) -> list[dict]:
         if not frames:
             continue
         exc = native.exception_text(e.get("native_exception"))
-        out.append({"rank": str(rank), "caption": f"native frames of rank {rank}, innermost first" + (f"; {exc}" if exc else ""),
+        out.append({"rank": str(rank),
+                    "caption": f"native frames of rank {rank}, innermost first" + (f"; {exc}" if exc else ""),
                     "frames": [line.strip() for line in native.lines(frames, indent="")]})
     return sorted(out, key=lambda x: int(x["rank"]) if x["rank"].lstrip("-").isdigit() else 0)
 
@@ -104,10 +106,11 @@ def rank_state(entry: dict, now: float) -> dict:
     status = str(entry.get("status") or "unknown")
     records = [r for r in entry.get("records") or [] if isinstance(r, dict)]
     pending = [r for r in records if r.get("state") in PENDING]
-    current = next((r for r in reversed(pending) if r.get("state") == WAITING), None) or (pending[-1] if pending else None)
+    current = (next((r for r in reversed(pending) if r.get("state") == WAITING), None)
+               or (pending[-1] if pending else None))
     heartbeat = _num(entry.get("heartbeat"))
-    out = {"status": status, "state": "idle", "op": None, "group": None, "seq": None, "peer": None,
-           "where": None, "waiting_s": None, "heartbeat_age_s": None}
+    out: dict[str, Any] = {"status": status, "state": "idle", "op": None, "group": None, "seq": None, "peer": None,
+                           "where": None, "waiting_s": None, "heartbeat_age_s": None}
     if status not in GONE and status != UNREADABLE and heartbeat:
         out["heartbeat_age_s"] = max(0.0, now - heartbeat)
     if current is not None:
@@ -137,7 +140,7 @@ def rank_view(snap: dict, now: float) -> dict:
         state[s["state"]] = state.get(s["state"], 0) + 1
         # Ranks blocked in the same collective form one class; others are classed by what they
         # run and where, whatever their group and number (their ranges are shown instead).
-        key = (s["status"], s["ending"], s["state"], s["op"], s["where"])
+        key: tuple = (s["status"], s["ending"], s["state"], s["op"], s["where"])
         if s["state"] == WAITING:
             key += (s["group"], s["seq"], s["peer"])
         c = classes.get(key)
@@ -157,7 +160,8 @@ def rank_view(snap: dict, now: float) -> dict:
         seqs = sorted(set(c["seqs"]))
         rows.append({
             "ranks": _ranks_text(c["ranks"]), "count": len(c["ranks"]), "first": c["ranks"][0],
-            "status": s["status"], "ending": s["ending"], "alive": {"alive": True, "dead": False, "exited": False}.get(s["status"]),
+            "status": s["status"], "ending": s["ending"],
+            "alive": {"alive": True, "dead": False, "exited": False}.get(s["status"]),
             "state": s["state"], "op": s["op"],
             "group": groups[0] if len(groups) == 1 else (f"{len(groups)} groups" if groups else None),
             "seq": (str(seqs[0]) if len(seqs) == 1 else f"{seqs[0]}–{seqs[-1]}") if seqs else None,
@@ -179,7 +183,7 @@ def group_view(snap: dict) -> dict:
     """Per group, its members classed by the last collective number they entered and completed:
     the laggard is the class behind the others."""
     table = snap.get("ranks") or {}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, g in sorted((snap.get("groups") or {}).items(), key=lambda kv: _natural(str(kv[0]))):
         if not isinstance(g, dict):
             continue
@@ -187,6 +191,7 @@ def group_view(snap: dict) -> dict:
         classes: dict[tuple, list[int]] = {}
         for m in members:
             e = table.get(str(m))
+            key: tuple[int | None, int | None, str | None]
             if not isinstance(e, dict):
                 key = (None, None, "no trace")
             else:
@@ -212,11 +217,11 @@ def group_view(snap: dict) -> dict:
               (False, -max((m["behind"] or 0 for m in r["members"]), default=0), -r["size"]))
     shown = [r for r in rows if not r["in_step"]][:MAX_GROUPS]
     room = max(0, MAX_GROUPS - len(shown))
-    in_step = [r for r in rows if r["in_step"]]
-    shown += in_step[:room]
+    in_step_rows = [r for r in rows if r["in_step"]]
+    shown += in_step_rows[:room]
     return {"rows": shown, "total": len(rows),
             "hidden": {"groups": len(rows) - len(shown),
-                       "in_step": len(in_step) - len(in_step[:room])} if len(rows) > len(shown) else None}
+                       "in_step": len(in_step_rows) - len(in_step_rows[:room])} if len(rows) > len(shown) else None}
 
 
 def _member_says(note, behind, entered, completed) -> str:
@@ -264,7 +269,8 @@ def timeline_view(snap: dict, now: float) -> dict:
     out = [{"ranks": _ranks_text(r["ranks"]), "count": len(r["ranks"]), "events": r["events"]}
            for r in ordered[:MAX_TIMELINE_ROWS]]
     hidden = ordered[MAX_TIMELINE_ROWS:]
-    return {"rows": out, "more": {"rows": len(hidden), "ranks": sum(len(r["ranks"]) for r in hidden)} if hidden else None}
+    return {"rows": out,
+            "more": {"rows": len(hidden), "ranks": sum(len(r["ranks"]) for r in hidden)} if hidden else None}
 
 
 def straggler_view(late) -> dict:
