@@ -29,6 +29,7 @@ import threading
 import time
 import weakref
 import zlib
+from typing import Any, cast
 
 FIRST_STEPS = 8      # every training step at first: a short job is judged too
 EVERY = 64           # then one step in EVERY
@@ -41,7 +42,7 @@ FRAMES = 24          # frames kept of a DataLoader's construction site
 _string_at = getattr(ctypes, "_string_at", ctypes.string_at)   # the C function string_at wraps: a frame less
 _crc32 = zlib.crc32
 
-_state = {"installed": False, "settings": None, "recorder": lambda: None, "off": False, "said": False}
+_state: dict[str, Any] = {"installed": False, "settings": None, "recorder": lambda: None, "off": False, "said": False}
 _models: dict = {}   # id(module) -> _Model, dropped when the module is freed (before its id can be reused)
 _loaders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # DataLoader -> its info
 _last_loader = [0]   # id of the loader whose iterator gave the last batch (0: none seen)
@@ -68,8 +69,8 @@ class _Model:
         self.step = 0
         self.written = False   # its "dp" definition line
         self.handle = None     # the pre-hook's handle (FSDP)
-        self.ref = None        # the module, weakly
-        self.noted = set()     # notes written once (a CUDA input)
+        self.ref: weakref.ref[Any] | None = None   # the module, weakly
+        self.noted: set[str] = set()   # notes written once (a CUDA input)
         exhaustive = bool(_state["settings"] and _state["settings"].digest_bytes)
         self.first, self.every = (1 << 62, 1) if exhaustive else (FIRST_STEPS, EVERY)
 
@@ -226,7 +227,7 @@ def _strided_pieces(t):
     for i in range(PIECES):
         flat = (numel - 1) * i // (PIECES - 1)
         off, rest = 0, flat
-        for size, stride in zip(reversed(sizes), reversed(strides)):
+        for size, stride in zip(reversed(sizes), reversed(strides), strict=False):
             rest, idx = divmod(rest, size)
             off += idx * stride
         run = min(last - flat % last, PIECE // esize) if dense_last else 1
@@ -281,7 +282,8 @@ def _watch(module, kind: str, group: dict | None, hook: bool) -> None:
     resolve()
     m = _Model(kind, group)
     key = id(module)
-    m.ref = weakref.ref(module, lambda _, key=key, models=_models: models.pop(key, None))
+    # cast: mypy cannot type a lambda whose parameters take their values from defaults
+    m.ref = weakref.ref(module, cast(Any, lambda _, key=key, models=_models: models.pop(key, None)))
     if hook:
         # before FSDP's own pre-hook (prepended), which moves the inputs to the GPU: what the user passed
         m.handle = module.register_forward_pre_hook(_pre_hook, with_kwargs=True, prepend=True)
@@ -349,7 +351,7 @@ def _loader_init(orig):
 def _loader_info(loader, frame) -> dict:
     import torch.distributed.distributed_c10d as c10d
 
-    frames = []
+    frames: list[dict[str, Any]] = []
     while frame is not None and len(frames) < FRAMES:
         frames.append({"file": frame.f_code.co_filename, "line": frame.f_lineno, "func": frame.f_code.co_name})
         frame = frame.f_back

@@ -11,6 +11,7 @@ import sys
 import types
 import weakref
 import zlib
+from typing import Any
 
 from colltrace.origins import TORCH_PACKAGES
 from colltrace.words import group_desc as described
@@ -20,14 +21,18 @@ MAX_NAMES_SCANNED = 20000   # module globals looked through for a framework's na
 BACKEND_OVERRIDES = {("gloo", "reduce_scatter_base"): "allreduce"}
 
 
-def dtype_name(dt, _cache={}):
+_dtype_names: dict = {}   # dtype -> its name: dtype_name's memo
+_redop_names: dict = {}   # reduce op -> its name: redop_name's memo
+
+
+def dtype_name(dt, _cache=_dtype_names):
     s = _cache.get(dt)
     if s is None:
         s = _cache[dt] = str(dt).replace("torch.", "")
     return s
 
 
-def redop_name(op, _cache={}):
+def redop_name(op, _cache=_redop_names):
     if op is None:
         return None
     try:
@@ -236,7 +241,7 @@ def backend_lanes(pg, backend: str = ""):
     ref = weakref.ref(pg)
     lanes = {}
     for t, b in backends.items():
-        fn = getattr(type(b), "_get_sequence_number_for_group", None)
+        fn: Any = getattr(type(b), "_get_sequence_number_for_group", None)   # None: fn(b) raises, caught below
         try:
             fn(b)
             get_seq = _counter(ref, torch.device(t), fn)

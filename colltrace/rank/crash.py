@@ -14,7 +14,7 @@ import signal
 import sys
 
 try:
-    from colltrace.rank import _crash
+    from colltrace.rank import _crash  # type: ignore[attr-defined]  # a C extension: no types mypy can read
 except ImportError:   # not built (no C compiler at install): signals and Python frames only
     _crash = None
 

@@ -30,6 +30,7 @@ import contextlib
 import ctypes
 import sys
 import threading
+from typing import Any, cast
 
 POOL_MAX = 4096         # free events kept per device (a burst of async collectives may hold many)
 OWN_STREAMS_MAX = 64    # colltrace's own streams per process; past it, Works are polled instead
@@ -54,11 +55,11 @@ class Mark:
         self.device = device
         self.stream = stream
         self.start = start      # an event recorded before the call, or None
-        self.end = None         # an event reached once the collective ran
-        self.works = None       # an async call's Works, until the poller turns them into `end`
-        self.lane = None        # (group, peer): an async call's own-stream key
+        self.end: Any = None    # an event reached once the collective ran
+        self.works: list[Any] | None = None   # an async call's Works, until the poller turns them into `end`
+        self.lane: Any = None   # (group, peer): an async call's own-stream key
         self.started = False
-        self.route = None       # an async call's: "event" (own stream) or "work" (is_completed)
+        self.route: str | None = None   # an async call's: "event" (own stream) or "work" (is_completed)
 
 
 class CaptureGate:
@@ -66,7 +67,7 @@ class CaptureGate:
     a capture begins only once a poll under way has left its CUDA calls, and no poll makes one
     while a capture is counted."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self.captures = 0
         self._graphs: set = set()
@@ -134,7 +135,10 @@ def watch_captures(gate: CaptureGate = GATE, cls=None) -> bool:
         finally:
             gate.end(self)
 
-    for name, new, old in (("capture_begin", capture_begin, begin), ("capture_end", capture_end, end)):
+    # Any: mypy knows no such attributes on a function (they mark colltrace's wrappers)
+    wrappers: tuple[tuple[str, Any, Any], ...] = (("capture_begin", capture_begin, begin),
+                                                  ("capture_end", capture_end, end))
+    for name, new, old in wrappers:
         new.__wrapped__ = old
         new.__colltrace_original__ = old
         _patched[(cls, name)] = cls.__dict__.get(name)
@@ -210,7 +214,9 @@ class TorchCuda:
         if self._cudart is None:
             return None
         handle = self._cudart.stream()
-        return None if handle is None else self._torch.cuda.ExternalStream(handle, device=self._torch.device("cuda", device))
+        if handle is None:
+            return None
+        return self._torch.cuda.ExternalStream(handle, device=self._torch.device("cuda", device))
 
     def thread_local_queries(self) -> bool:
         """This thread's CUDA calls in thread-local capture mode: they cannot invalidate another
@@ -228,9 +234,9 @@ class CudaMarks:
         self.gate = gate
         self._free: dict[int, list] = {}
         self._own: dict[tuple, object] = {}
-        self._device = None        # the poller thread's, once set
+        self._device: int | None = None   # the poller thread's, once set
         self._mode_set = False
-        self.home = None           # the device of the first collective: the poller's until another's
+        self.home: int | None = None      # the device of the first collective: the poller's until another's
 
     # -- the program's threads ---------------------------------------------------------
     def _event(self, device: int):
@@ -294,10 +300,9 @@ class CudaMarks:
             self._on(mark.device)
             if mark.end is None and mark.route is None:
                 self._to_event(mark)
-            if mark.end is not None:
-                done = mark.end.query()
-            else:
-                done = all(w.is_completed() for w in mark.works)
+            # no end event yet: an async call's Works, set by after_async (the cast says so to mypy)
+            done = (mark.end.query() if mark.end is not None
+                    else all(w.is_completed() for w in cast("list[Any]", mark.works)))
             started = False
             if not done and mark.start is not None and not mark.started and mark.start.query():
                 mark.started = started = True
@@ -313,12 +318,13 @@ class CudaMarks:
         futures; else (no such stream, a future not complete at once) the Works, polled."""
         mark.route = "work"
         futures = []
-        for w in mark.works:
+        for w in cast("list[Any]", mark.works):   # an async call's, set by after_async
             try:
                 fut = w.get_future()
             except Exception:   # a backend without futures
                 return
-            if fut is None or not fut.done():   # completes with the work itself (gloo): waiting on it would block this thread
+            # completes with the work itself (gloo): waiting on it would block this thread
+            if fut is None or not fut.done():
                 return
             futures.append(fut)
         stream = self._own_stream(mark.device, mark.lane)

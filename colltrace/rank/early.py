@@ -9,14 +9,19 @@ where it is (its live stack); one that waits in it is seen waiting. Without them
 mp.spawn) the recorder starts at init_process_group, as before.
 
 Costs the start of every such worker about 40 ms of CPU (colltrace's modules, a ring file;
-benchmarks/setup_costs.py), small beside torch's import: torch is not imported. A process the rank starts (a spawned DataLoader worker, a compile worker) inherits
-the environment: it finds the rank's ring held by a live process, not itself, and stays out.
+benchmarks/setup_costs.py), small beside torch's import: torch is not imported. A process the rank
+starts (a spawned DataLoader worker, a compile worker) inherits the environment: it finds the rank's
+ring held by a live process, not itself, and stays out.
 """
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-_recorder = None
+if TYPE_CHECKING:
+    from colltrace.rank.recorder import Recorder
+
+_recorder: Recorder | None = None
 
 
 def torchrun_rank(environ=os.environ) -> tuple[int, int] | None:

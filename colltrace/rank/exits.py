@@ -45,7 +45,7 @@ def code_of(arg) -> tuple[int, str | None]:
 
 def frames_of(frame, depth: int = STACK_FRAMES) -> list[dict]:
     """The stack from `frame` outwards as {"file", "line", "func"}, innermost last."""
-    out = []
+    out: list[dict] = []
     while frame is not None and len(out) < depth:
         code = frame.f_code
         out.append({"file": code.co_filename, "line": frame.f_lineno, "func": code.co_name})

@@ -11,19 +11,23 @@ checks both routes record the same events.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
+_fastpath: Any   # the C extension (no types mypy can read), or None
 if not getattr(sys, "_is_gil_enabled", lambda: True)():
     # A free-threaded interpreter running without the GIL: the extension relies on the GIL, and
     # importing it would turn the GIL back on for the whole program. The Python wrappers then.
     _fastpath = None
 else:
     try:
-        from colltrace.rank import _fastpath
+        # the C extension has no types mypy can read; the name is declared above
+        from colltrace.rank import _fastpath  # type: ignore[attr-defined,no-redef]
     except ImportError:   # not built (no compiler at install time): the Python wrappers
         _fastpath = None
 # A build older than this source (a checkout updated without reinstalling) lacks what the code
 # below calls: the Python wrappers then, not an AttributeError inside a rank.
-if _fastpath is not None and not all(hasattr(_fastpath, n) for n in ("Plan", "Local", "Gate", "HookLocal", "drain", "Counter")):
+if _fastpath is not None and not all(hasattr(_fastpath, n)
+                                     for n in ("Plan", "Local", "Gate", "HookLocal", "drain", "Counter")):
     _fastpath = None
 
 
@@ -111,7 +115,8 @@ def hook_gates(pre, post, ref, shim_globals, learn, kinds):
         return pre, post
     if kinds is None:
         return _fastpath.Gate(pre), _fastpath.Gate(post)
-    return _fastpath.Gate(pre, 1, ref, shim_globals, learn, kinds), _fastpath.Gate(post, 2, ref, shim_globals, None, kinds)
+    return (_fastpath.Gate(pre, 1, ref, shim_globals, learn, kinds),
+            _fastpath.Gate(post, 2, ref, shim_globals, None, kinds))
 
 
 def plan(orig, slow, learn, shim_globals: dict, world, non_member, params, tensor_param, reducing: bool,

@@ -44,8 +44,9 @@ class Responder(asks.Responder):
 
 # Each backend's recorder: NCCL's holds CUDA events (FlightRecorder<CUDAEvent>), gloo's c10::Events;
 # a hooked backend (nccl2, torch >= 2.15) records into a recorder of its own, read by name.
-SOURCES = (("nccl", "_dump_nccl_trace_json", {}), ("nccl2", "_dump_fr_trace_json", {"backend": "nccl2"}),
-           ("gloo", "_dump_fr_trace_json", {}))
+SOURCES: tuple[tuple[str, str, dict[str, str]], ...] = (
+    ("nccl", "_dump_nccl_trace_json", {}), ("nccl2", "_dump_fr_trace_json", {"backend": "nccl2"}),
+    ("gloo", "_dump_fr_trace_json", {}))
 
 
 def _dump(c10d=None) -> list[dict]:
@@ -90,7 +91,8 @@ def _newest(entries: list[dict], names: dict | None = None) -> list[dict]:
         out.setdefault(name, []).append({
             "group": name, "seq": int(e.get("collective_seq_id") or 0), "p2p": bool(e.get("is_p2p")),
             "op": op.lstrip("_"), "backend_op": op.replace("_", ""),
-            "shapes": e.get("input_sizes") or [], "dtypes": [asks.DTYPES.get(d, str(d).lower()) for d in e.get("input_dtypes") or []],
+            "shapes": e.get("input_sizes") or [],
+            "dtypes": [asks.DTYPES.get(d, str(d).lower()) for d in e.get("input_dtypes") or []],
             "state": e.get("state"), "t": (e.get("time_created_ns") or 0) / 1e9})
     # several recorders may name one group (a hooked backend beside gloo's): oldest first, by time
     return [x for group in out.values() for x in sorted(group, key=lambda x: x["t"])[-KEEP_PER_GROUP:]]

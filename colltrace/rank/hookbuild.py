@@ -154,12 +154,13 @@ def _build(root: Path, verbose: bool) -> Path:
 def _cause(log: str) -> str:
     """The line of a failed cpp_extension build that says why: the compiler's first error, or the
     shell's (no compiler), rather than ninja's command lines."""
-    lines = [l.strip() for l in log.splitlines() if l.strip()]
-    for l in lines:
-        if re.search(r"error:|not found|no such file|cannot execute|fatal", l, re.IGNORECASE) \
-                and not l.startswith(("Error building extension", "FAILED:")):
-            return l
-    return next((l for l in reversed(lines) if not l.startswith("ninja:")), lines[-1] if lines else "no output")
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    for line in lines:
+        if re.search(r"error:|not found|no such file|cannot execute|fatal", line, re.IGNORECASE) \
+                and not line.startswith(("Error building extension", "FAILED:")):
+            return line
+    return next((line for line in reversed(lines) if not line.startswith("ninja:")),
+                lines[-1] if lines else "no output")
 
 
 def _ninja_dir() -> str | None:

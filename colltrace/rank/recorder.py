@@ -17,6 +17,8 @@ import threading
 import time
 import traceback
 import weakref
+from collections.abc import Callable
+from typing import Any, cast
 
 from colltrace import origins
 from colltrace.rank import calls, crash, cudamarks, exits, fastpath, flightrecorder, sampler
@@ -149,7 +151,9 @@ class Recorder:
         self.store_id: str | None = None
         self.disabled = False
         d = settings.dir
-        self.ring = None
+        # None until it is made below (_storage_error, which the definitions' writer may call
+        # first, checks for that); typed as the writer: every method that writes runs after
+        self.ring = cast(ringfile.RingWriter, None)
         self._stack_signal_file = None
         self._storage_failed = False
         defs_path = rank_file(d, rank, "defs.jsonl")
@@ -161,7 +165,8 @@ class Recorder:
             self._write_meta(rank, world_size, backend)
             if self.defs.failed is not None:
                 raise self.defs.failed
-            self.ring = ringfile.RingWriter(rank_file(d, rank, "ring"), settings.ring_slots, fastpath.counter(0, settings))
+            self.ring = ringfile.RingWriter(rank_file(d, rank, "ring"), settings.ring_slots,
+                                            fastpath.counter(0, settings))
         except OSError as exc:
             asks.uninstall_signal(self._stack_signal_file)
             if getattr(self, "defs", None) is not None:
@@ -187,11 +192,12 @@ class Recorder:
         self._virtual: dict = {}        # name -> GroupState of a group no process group stands for (rank/setup.py)
         # Store waits in progress, thread ident -> [store, keys, op, frame, t0, ctx]: the poller records
         # the ones that last (ctx: their record, or False for a store that is not the job's).
-        self.watched: dict = {}
+        self.watched: dict[int, list[Any]] = {}
         self.watch_lock = threading.Lock()
         self.lasting_s = min(1.0, settings.stall_s / 2)
-        self.lasting = None   # fn(recorder, ident, item) -> the wait's record: set by rank/setup.py
-        self._untraced_groups = weakref.WeakSet()   # groups that could not be described
+        # fn(recorder, ident, item) -> the wait's record: set by rank/setup.py
+        self.lasting: Callable[[Recorder, int, list[Any]], Any] | None = None
+        self._untraced_groups: weakref.WeakSet[Any] = weakref.WeakSet()   # groups that could not be described
         self._group_ids = itertools.count(1)
         self._rec_ids = fastpath.counter(1, settings)
         self._pending: list = []        # (rec_id, gid, seq, waitable) polled for completion off the hot path
@@ -203,7 +209,8 @@ class Recorder:
         self._drain = fastpath.drainer(settings)   # the compiled drain loop, or None: the Python one
         self._cuda = cuda
         self._marks: list = []          # (rec_id, gid, seq, cudamarks.Mark): CUDA work polled by its events
-        self._drain_lock = threading.Lock()   # one drain at a time: a destroyed group's Works are not in the poller's hands
+        # one drain at a time: a destroyed group's Works are not in the poller's hands
+        self._drain_lock = threading.Lock()
         self._stop = threading.Event()
         self._internal_error_reported = False
         self._native_rec: dict = {}   # the rank's last {"k": "native"} record (_arm_crash)
@@ -264,10 +271,12 @@ class Recorder:
         # Then, above whichever handler is there, the native frames' (colltrace/rank/crash.py).
         own = crash.own_handlers()   # before faulthandler's: the program's own, if any
         if faulthandler.is_enabled():
-            self.defs.write({"k": "note", "text": "faulthandler already enabled by the program; fatal-signal stacks go where it chose"})
+            self.defs.write({"k": "note", "text": "faulthandler already enabled by the program; "
+                             "fatal-signal stacks go where it chose"})
         else:
             try:
-                self._fault_file = open(self.fault_path, "w")
+                # kept open for the process's life: faulthandler writes into it at a fatal signal
+                self._fault_file = open(self.fault_path, "w")  # noqa: SIM115
             except OSError as exc:   # fatal-signal stacks are lost, nothing else
                 self.defs.write({"k": "note", "text": f"no fault file: {storage.describe(exc)}"})
             else:
@@ -313,7 +322,8 @@ class Recorder:
         # wait forever for what that thread would have done (a loader, a prefetcher).
         try:
             if args.exc_type is not SystemExit:
-                frames = [{"file": f.filename, "line": f.lineno, "func": f.name} for f in traceback.extract_tb(args.exc_traceback)]
+                frames = [{"file": f.filename, "line": f.lineno, "func": f.name}
+                          for f in traceback.extract_tb(args.exc_traceback)]
                 self.defs.write({"k": "exception", "t": _time(), "type": args.exc_type.__name__,
                                  "message": str(args.exc_value)[:2000], "frames": frames, "fatal": False,
                                  "thread": getattr(args.thread, "name", None)})
@@ -395,7 +405,8 @@ class Recorder:
     def internal_error(self, exc: BaseException):
         if not self._internal_error_reported:
             self._internal_error_reported = True
-            sys.stderr.write(f"colltrace: internal error, tracing stops on rank {self.rank} (the job is unaffected): {exc!r}\n")
+            sys.stderr.write(f"colltrace: internal error, tracing stops on rank {self.rank} "
+                             f"(the job is unaffected): {exc!r}\n")
         self.disable(repr(exc))
 
     # ---- interning -------------------------------------------------------------------
@@ -404,8 +415,8 @@ class Recorder:
         # line table on every read (2-3x the cost of the walk). Keyed by id(code), not the code:
         # hashing a code object rehashes its constants on every call. Safe because every code
         # in a stored key stays referenced by self._codes, so its id cannot be reused.
-        key = []
-        append = key.append
+        parts: list[int] = []
+        append = parts.append
         depth = self._depth
         f = frame
         while f is not None and depth:
@@ -413,7 +424,7 @@ class Recorder:
             append(f.f_lasti)
             f = f.f_back
             depth -= 1
-        key = tuple(key)
+        key = tuple(parts)
         sid = self._stacks.get(key)
         if sid is None:
             with self._intern:
@@ -499,9 +510,11 @@ class Recorder:
             except Exception as exc:
                 if not quiet and pg not in self._untraced_groups:
                     self._untraced_groups.add(pg)
-                    self.defs.write({"k": "note", "t": _time(), "text": f"group {type(pg).__name__} not traced: {exc!r}"})
+                    self.defs.write({"k": "note", "t": _time(),
+                                     "text": f"group {type(pg).__name__} not traced: {exc!r}"})
                 return None
-            ref = weakref.ref(pg, lambda _, key=key, groups=self.groups: groups.pop(key, None))
+            # cast: mypy cannot type a lambda whose parameters take their values from defaults
+            ref = weakref.ref(pg, cast(Any, lambda _, key=key, groups=self.groups: groups.pop(key, None)))
             timeout = calls.group_timeout(pg)
             if lanes:
                 gs = self._lanes(ref, name, desc, ranks, lanes, timeout)
@@ -569,7 +582,8 @@ class Recorder:
                 if gs is None:
                     gs = GroupState(next(self._group_ids), None, name, list(ranks), "setup", None)
                     gs.last_after = 0   # the calls made in it so far
-                    line = {"k": "group", "id": gs.id, "name": name, "desc": desc, "ranks": gs.ranks, "backend": "setup"}
+                    line = {"k": "group", "id": gs.id, "name": name, "desc": desc, "ranks": gs.ranks,
+                            "backend": "setup"}
                     if any_of:
                         line["any_of"] = True
                     self.defs.write(line)
@@ -694,7 +708,8 @@ class Recorder:
         for t in outputs:
             key = id(t)
             try:
-                ref = weakref.ref(t, lambda _, key=key, table=table: table.pop(key, None))
+                # mypy cannot type a lambda bound by defaults; no cast() here, a call per traced tensor
+                ref = weakref.ref(t, lambda _, key=key, table=table: table.pop(key, None))  # type: ignore[misc]
             except TypeError:
                 continue
             table[key] = (ref, rec, gs.id, seq)
@@ -786,7 +801,7 @@ class Recorder:
                 with self._pending_lock:
                     self._pending, self._marks = [], []
 
-    def _drain_pending(self, final=False):
+    def _drain_pending(self, final: bool = False) -> None:
         if not self._pending:
             return
         with self._pending_lock:

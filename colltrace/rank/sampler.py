@@ -12,6 +12,7 @@ import json
 import sys
 import threading
 import time
+from typing import cast
 
 from colltrace.tracefile import samples
 
@@ -25,12 +26,12 @@ class Sampler:
     def __init__(self, directory: str, rank: int):
         self.dir, self.rank = directory, rank
         self.path = samples.samples_path(directory, rank)
-        self._asked = None         # the last request's mtime
+        self._asked: int | None = None   # the last request's mtime (ns)
         self._until = 0.0
         self._thread: threading.Thread | None = None
         self._ids: dict[tuple, int] = {}
         self._written = 0
-        self._gc_start = None
+        self._gc_start: float | None = None
         self._gc: list = []        # pauses seen by the callback, written by the sampler thread
         self.failed = False
 
@@ -68,7 +69,7 @@ class Sampler:
         return out
 
     def _run(self) -> None:
-        main = threading.main_thread().ident
+        main = cast(int, threading.main_thread().ident)   # the main thread has started: its ident is set
         period = 1.0 / samples.SAMPLE_HZ
         wall0, cpu0 = time.time(), time.thread_time()
         gc.callbacks.append(self._on_gc)
@@ -80,7 +81,7 @@ class Sampler:
                     if frame is None:   # the main thread ended
                         break
                     lines = []
-                    key = []
+                    key: list[tuple[str, int, str]] = []
                     while frame is not None and len(key) < DEPTH:
                         code = frame.f_code
                         key.append((code.co_filename, frame.f_lineno, code.co_name))
@@ -97,7 +98,8 @@ class Sampler:
                     self._written += len(text)
                 # A collection that ended after the last sample is still one the others waited through.
                 f.write("".join(p + "\n" for p in self._pauses()))
-                f.write(json.dumps({"cpu": [round(time.time() - wall0, 4), round(time.thread_time() - cpu0, 4)]}) + "\n")
+                f.write(json.dumps({"cpu": [round(time.time() - wall0, 4),
+                                            round(time.thread_time() - cpu0, 4)]}) + "\n")
         except OSError:   # a full folder: sampling steps aside, tracing goes on
             self.failed = True
         finally:

@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import zlib
+from typing import Any, cast
 
 from colltrace.model.schema import LOCAL_SYNC, SETUP_LOCAL
 from colltrace.model.schema import SETUP_GROUP as JOB
@@ -37,7 +38,7 @@ from colltrace.words import format_ranks
 JOB_DESC = "group creation: every rank of the job"
 DETAIL_MAX = 120              # longer texts (a split of many ranks, a long key) end in their CRC
 
-_c10d = None
+_c10d: Any = None             # torch.distributed.distributed_c10d, once installed
 _shim = None                  # colltrace.rank.shim: its recorder is the one in use
 _originals: dict = {}
 _getframe = sys._getframe
@@ -170,7 +171,8 @@ def _make_new_group(orig):
         try:
             ranks = get_ranks(args, kwargs)
             world = _c10d.get_world_size()
-            detail = None if ranks is None or isinstance(ranks, (list, tuple, range)) else f"ranks: {type(ranks).__name__}"
+            detail = (None if ranks is None or isinstance(ranks, (list, tuple, range))
+                      else f"ranks: {type(ranks).__name__}")
             local = bool(get_local(args, kwargs))
             if local:
                 members = list(range(world)) if ranks is None else _listed(ranks)
@@ -287,7 +289,7 @@ def _make_api(orig, name: str):
         finally:
             _local.api = None
 
-    api.__colltrace_original__ = orig
+    cast(Any, api).__colltrace_original__ = orig   # Any: mypy knows no such attribute on a function
     return api
 
 
@@ -325,7 +327,7 @@ def _make_store_wait(orig, op: str):
         return result
 
     functools.update_wrapper(wait, orig)
-    wait.__colltrace_original__ = orig
+    cast(Any, wait).__colltrace_original__ = orig   # Any: mypy knows no such attribute on a function
     return wait
 
 
@@ -405,7 +407,7 @@ def install_mesh(module) -> dict:
         _originals[("mesh", "init_device_mesh")] = orig
         module.init_device_mesh = new
         out[id(orig)] = (orig, new)
-    cls = getattr(module, "DeviceMesh", None)
+    cls: Any = getattr(module, "DeviceMesh", None)
     init = getattr(cls, "__init__", None)
     if init is not None and not hasattr(init, "__colltrace_original__"):
         try:
@@ -424,7 +426,7 @@ def uninstall() -> None:
             elif where == "Store":
                 setattr(_c10d.Store, name, orig)
             elif where == "mesh":
-                sys.modules["torch.distributed.device_mesh"].init_device_mesh = orig
+                cast(Any, sys.modules["torch.distributed.device_mesh"]).init_device_mesh = orig
             elif where == "DeviceMesh":
                 sys.modules["torch.distributed.device_mesh"].DeviceMesh.__init__ = orig
         except Exception:

@@ -106,7 +106,7 @@ class _Shim:
 
 _state = _Shim()
 recorder = None  # the live Recorder; read by every wrapper
-_c10d = None
+_c10d: Any = None   # torch.distributed.distributed_c10d, once installed
 _NON_MEMBER = object()
 _is_compiling = lambda: False  # noqa: E731 - replaced by torch.compiler.is_compiling at install
 # The compiled path's cheaper test (one plain function Dynamo folds to True); the C code reads
@@ -358,8 +358,8 @@ def _make_c10d_wrapper(name, orig):
         return fastpath.learned(sig, gs, wrapper_only=bool(cuda or (digestible and rec.digest_bytes)),
                                 one_step=name in fastpath.ONE_STEP)
 
-    plan = fastpath.plan(orig, build(2), learn, globals(), _c10d._world, _NON_MEMBER, list(sig.parameters), tensor_param,
-                         reducing, one_step=name in fastpath.ONE_STEP, root_param=root_name)
+    plan = fastpath.plan(orig, build(2), learn, globals(), _c10d._world, _NON_MEMBER, list(sig.parameters),
+                         tensor_param, reducing, one_step=name in fastpath.ONE_STEP, root_param=root_name)
     if plan is None:
         return wrapper
 
@@ -477,7 +477,8 @@ def _make_funcol_wrapper(name, orig, resolve_group):
             src = get_src(args, kwargs)
             root = to_global(gs, src) if src is not None else -1
             bop = BACKEND_OVERRIDES.get((gs.backend, backend_op), backend_op)
-            sig_id = rec.sig_id((op_name, bop, gs.id, shapes, dtypes, None if redop is None else str(redop), root, -1, True))
+            sig_id = rec.sig_id((op_name, bop, gs.id, shapes, dtypes, None if redop is None else str(redop),
+                                 root, -1, True))
             ctx = rec.enter(gs, sig_id, sys._getframe(1), F_ASYNC)
         except Exception as exc:
             rec.internal_error(exc)
@@ -493,7 +494,8 @@ def _make_funcol_wrapper(name, orig, resolve_group):
         try:
             # The result completes lazily (AsyncCollectiveTensor) and no Work is handed back: its
             # wait_tensor() (_make_wait_wrapper) says when, else a later op on the group completing.
-            rec.unobserved(ctx, [getattr(t, "elem", t) for t in (result if isinstance(result, (list, tuple)) else (result,))])
+            rec.unobserved(ctx, [getattr(t, "elem", t)
+                                 for t in (result if isinstance(result, (list, tuple)) else (result,))])
         except Exception as exc:
             rec.internal_error(exc)
         return result
@@ -787,7 +789,7 @@ def install() -> bool:
         global recorder
         if recorder is None and not _state.failed and early.recorder() is not None:
             recorder = early.recorder()   # the start-up hook's: this rank before it joins
-        work = getattr(c10d, "Work", None)
+        work: Any = getattr(c10d, "Work", None)
         wait = getattr(work, "wait", None)
         if wait is not None and not hasattr(wait, "__colltrace_original__"):
             try:   # c10d's Work is a pybind class: its method is replaced on the class itself
