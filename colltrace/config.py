@@ -9,6 +9,7 @@ import os
 import socket
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 ON_HANG_CHOICES = ("warn", "dump", "abort")
 DEFAULT_DIR = "colltrace-out"
@@ -33,8 +34,10 @@ class Settings:
     dashboard_token: str = field(default="", repr=False)
     user_packages: tuple[str, ...] = ()   # installed packages that are the user's own code (COLLTRACE_USER_PACKAGES)
     pure: bool = False               # COLLTRACE_PURE=1: the Python wrappers only, not the compiled hot path
-    hooks: bool = True               # COLLTRACE_HOOKS=0: on torch >= 2.14, no c10d hooks (the wrappers only, as on 2.13)
-    hooks_compiled: bool = True      # COLLTRACE_HOOKS=python: the hooks registered from Python even where build-hooks built C++ ones
+    hooks: bool = True               # COLLTRACE_HOOKS=0: on torch >= 2.14, no c10d hooks (the wrappers only,
+                                     # as on 2.13)
+    hooks_compiled: bool = True      # COLLTRACE_HOOKS=python: the hooks registered from Python even where
+                                     # build-hooks built C++ ones
     straggler_share: float = 0.1     # a rank that made the others wait this share of the window: one line (0: never)
     straggler_window_s: float = 60.0
     warnings: tuple[str, ...] = ()
@@ -116,7 +119,7 @@ def markdown_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-_DEFAULT = {f.name: f.default for f in Settings.__dataclass_fields__.values()}
+_DEFAULT: dict[str, Any] = {f.name: f.default for f in Settings.__dataclass_fields__.values()}
 
 
 def _float(env, name, default, lo, warnings):

@@ -15,6 +15,7 @@ import os
 import site
 import sys
 import sysconfig
+from typing import TypeGuard
 
 INTERNAL, FRAMEWORK, USER = "internal", "framework", "user"
 _CO_STAR_ARGS = 0x04 | 0x08   # CO_VARARGS | CO_VARKEYWORDS (inspect's, without importing it)
@@ -69,7 +70,7 @@ def _here() -> dict:
     return local_roots()
 
 
-def valid_roots(roots) -> bool:
+def valid_roots(roots) -> TypeGuard[dict]:
     return isinstance(roots, dict) and any(isinstance(roots.get(k), list) for k in ("stdlib", "site", "torch"))
 
 
@@ -154,7 +155,7 @@ def code_traits(code) -> dict:
     wrapper that only passes its call on: a closure taking *args/**kwargs that calls with them
     (a functools.wraps-style decorator's, an nvtx or profiling decorator's, torch._dynamo's
     eval frame), which never stands for the call its caller made."""
-    out = {"qualname": str(getattr(code, "co_qualname", code.co_name))}
+    out: dict[str, str | bool] = {"qualname": str(getattr(code, "co_qualname", code.co_name))}
     try:
         if code.co_freevars and code.co_flags & _CO_STAR_ARGS and _call_star() in code.co_code[::2]:
             out["wraps"] = True

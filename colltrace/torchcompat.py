@@ -29,7 +29,10 @@ def minor(version) -> tuple[int, int] | None:
 
 
 def _tested_range() -> tuple[tuple[int, int], tuple[int, int]]:
-    minors = sorted(minor(v) for v in TESTED)
+    from typing import cast  # imported here: importing this module imports nothing
+
+    # every TESTED version starts with X.Y: minor() is never None here
+    minors = sorted(cast("tuple[int, int]", minor(v)) for v in TESTED)
     return minors[0], minors[-1]
 
 

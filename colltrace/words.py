@@ -1,5 +1,6 @@
 """The few words every layer writes: rank lists ("ranks 0-3,5"), joins ("a, b and c"), a
-group's label ("group 3 (mesh_dp, ranks 0-3)") and a frame's "file:line (func)". The reporters' paragraphs use them, and so do the analyzer's reasons
+group's label ("group 3 (mesh_dp, ranks 0-3)") and a frame's "file:line (func)". The reporters'
+paragraphs use them, and so do the analyzer's reasons
 (culprits, desync), which must not import the reporters: they live here, below both. Nothing
 imported but the standard library."""
 from __future__ import annotations
@@ -41,7 +42,7 @@ def short_ranks(ranks, limit: int = MAX_RANKS_TEXT) -> str:
     if len(text) <= limit or len(rs) < 3:
         return text
     # a regular layout with a few holes: one step, from first to last
-    step = Counter(b - a for a, b in zip(rs, rs[1:])).most_common(1)[0][0]
+    step = Counter(b - a for a, b in zip(rs, rs[1:], strict=False)).most_common(1)[0][0]
     if step > 0 and all((r - rs[0]) % step == 0 for r in rs):
         full = (rs[-1] - rs[0]) // step + 1
         holes = full - len(rs)
@@ -87,7 +88,8 @@ def group_desc(desc) -> str:
 def group_label(g: dict) -> str:
     """"group 0 (default_pg, ranks 0-7)"; a group without a description by its ranks alone:
     "group 3 (ranks 0-1)"."""
-    bits = [b for b in (group_desc(g.get("desc")), f"ranks {short_ranks(g.get('ranks'))}" if g.get("ranks") else "") if b]
+    bits = [b for b in (group_desc(g.get("desc")), f"ranks {short_ranks(g.get('ranks'))}" if g.get("ranks") else "")
+            if b]
     return f"group {g.get('name')} ({', '.join(bits)})" if bits else f"group {g.get('name')}"
 
 

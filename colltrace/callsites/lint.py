@@ -278,7 +278,8 @@ def _same_call(sf, call: ast.Call, nodes) -> bool:
     maker, asked = scan.group_maker(sf, call), _first_arg(call)
     for stmt in nodes:
         for n in ast.walk(stmt):
-            if isinstance(n, ast.Call) and n is not call and scan.group_maker(sf, n) == maker and _first_arg(n) == asked:
+            if (isinstance(n, ast.Call) and n is not call and scan.group_maker(sf, n) == maker
+                    and _first_arg(n) == asked):
                 return True
     return False
 

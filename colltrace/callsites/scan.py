@@ -48,7 +48,7 @@ class CallSite:
     group_kind: str      # "default" | "maybe_default" | "explicit"
     owner: str = ""      # the enclosing class, else the enclosing function ("" at module level)
     why_default: str = ""   # maybe_default: where the None may come from (`group = None if ... else ...`)
-    node: ast.Call = field(repr=False, compare=False, default=None)
+    node: ast.Call | None = field(repr=False, compare=False, default=None)
 
     def as_dict(self) -> dict:
         d = {"file": self.file, "line": self.line, "func": self.func, "op": self.op, "group": self.group}
@@ -159,7 +159,8 @@ def group_maker(sf: SourceFile, call: ast.Call) -> str | None:
     owner = fn.value
     if _is_dist(sf, owner) or (isinstance(owner, ast.Name) and owner.id in sf.mesh_names):
         return fn.attr
-    if isinstance(owner, ast.Attribute) and owner.attr in ("device_mesh", "distributed_c10d") and _is_dist(sf, owner.value):
+    if (isinstance(owner, ast.Attribute) and owner.attr in ("device_mesh", "distributed_c10d")
+            and _is_dist(sf, owner.value)):
         return fn.attr   # dist.device_mesh.init_device_mesh, torch.distributed.distributed_c10d.new_group
     return None
 
@@ -207,10 +208,10 @@ class _Scope:
             return
         args = fn.args
         positional = args.posonlyargs + args.args
-        for a, d in zip(positional[len(positional) - len(args.defaults):], args.defaults):
+        for a, d in zip(positional[len(positional) - len(args.defaults):], args.defaults, strict=False):
             if _is_none(d):
                 self.params_none.add(a.arg)
-        for a, d in zip(args.kwonlyargs, args.kw_defaults):
+        for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=False):
             if d is not None and _is_none(d):
                 self.params_none.add(a.arg)
         self._collect(fn)

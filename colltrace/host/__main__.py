@@ -18,9 +18,11 @@ def main(argv=None) -> int:
     p.add_argument("--dir", required=True)
     p.add_argument("--job")
     p.add_argument("--host")
-    p.add_argument("--spawned-by", type=int, help="the rank that started it: gone before any rank was seen, nothing to watch")
+    p.add_argument("--spawned-by", type=int,
+                   help="the rank that started it: gone before any rank was seen, nothing to watch")
     p.add_argument("--store", help="HOST:PORT of the TCPStore the job's default group was made with, or off "
-                                   "(the rank that starts the watchdog says which; without it, MASTER_ADDR:MASTER_PORT)")
+                                   "(the rank that starts the watchdog says which; "
+                                   "without it, MASTER_ADDR:MASTER_PORT)")
     p.add_argument("--once", action="store_true")
     args = p.parse_args(argv)
     settings = config.load()
@@ -52,6 +54,7 @@ def _leave(code) -> None:
 
 
 if __name__ == "__main__":
+    code: str | int | None
     try:
         code = main()
     except SystemExit as exc:   # SIGTERM, argparse's errors

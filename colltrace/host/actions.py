@@ -118,10 +118,12 @@ class OnHang:
     def _record(self, pids: dict[int, int]) -> None:
         """ended-<host>.json: written before the ranks are signalled, so that their deaths are
         never taken for findings; rewritten (or removed) for those that had ended already."""
+        ending = self.ending
+        assert ending is not None   # only _end calls it, once it has set the ending
         try:
             if pids:
-                endings.write(self.node.dir, self.node.host_name(), self.ending["why"], self.ending["finding"], pids,
-                              at=self.ending["at"])
+                endings.write(self.node.dir, self.node.host_name(), ending["why"], ending["finding"], pids,
+                              at=ending["at"])
             else:
                 os.unlink(endings.path(self.node.dir, self.node.host_name()))
         except OSError:
@@ -181,5 +183,6 @@ def act_on(finding: Finding, on_hang: str, abort_stall_s: float = 0.0) -> tuple[
         return True, f"{kind} for {waited:.0f} s >= COLLTRACE_ABORT_STALL_S"
     if all(s in ("frozen", None) for s in states.values()):
         frozen = sorted(int(r) for r, s in states.items() if s == "frozen")
-        return True, f"{kind}: rank{'s' if len(frozen) != 1 else ''} {','.join(map(str, frozen))} frozen" if frozen else kind
+        return True, (f"{kind}: rank{'s' if len(frozen) != 1 else ''} {','.join(map(str, frozen))} frozen"
+                      if frozen else kind)
     return False, kind

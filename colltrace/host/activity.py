@@ -31,7 +31,7 @@ DEVICE_FUNCS = {"synchronize", "wait_event", "wait_stream", "query"}
 DEVICE_LINE = re.compile(r"\.(item|cpu|tolist|numpy|synchronize)\s*\(\s*\)|\bcuda\.synchronize\s*\(")
 
 
-def sample_process(pid: int) -> dict | None:
+def sample_process(pid: int | None) -> dict | None:
     """CPU seconds, bytes read+written (any file or socket) and the process state, or None."""
     import psutil
 

@@ -12,8 +12,9 @@ from before its push to after the answer came (a blocking get on its own connect
 The answer was given between send and receive, so the host's clock minus the parent's lies in
 [t1 - t2, t3 - t2]: the offset is that interval's middle and its error bound half its width, half
 the round trip (a LAN's: well under a millisecond; of the last KEEP_S, the ping with the shortest
-trip stands: a busy moment's slow answers do not widen it). Offsets compose up the tree (model/build.py's clock_offsets, in every merge): a host's
-offset to the root is its own to its parent plus its parent's to the root, the bounds added.
+trip stands: a busy moment's slow answers do not widen it). Offsets compose up the tree
+(model/build.py's clock_offsets, in every merge): a host's offset to the root is its own to its
+parent plus its parent's to the root, the bounds added.
 """
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ up in full once it is asked to sample itself). A straggler is never a finding: n
 from __future__ import annotations
 
 from colltrace.analysis import stragglers
+from colltrace.model.schema import Snapshot
 
 LOOK_EVERY_S = 0.5     # the records a summary carries span about 64 collectives: read them this often
 JUDGE_EVERY_S = 2.0
@@ -33,7 +34,7 @@ class Latecomers:
         self.sampled: dict[int, stragglers.Sampled] = {}   # their stack samples over the window
         self.new: list[stragglers.Arrival] = []   # the collectives the last look added
 
-    def look(self, snap: dict, now: float) -> list[stragglers.Arrival]:
+    def look(self, snap: Snapshot, now: float) -> list[stragglers.Arrival]:
         """Take the collectives this snapshot completes that the window lacks; drop those older
         than the window. Returns the ones added (each counted once: the dashboard's metrics)."""
         self.new = []
@@ -63,7 +64,7 @@ class Latecomers:
         """The collectives in the window."""
         return list(self._arrivals.values())
 
-    def update(self, snap: dict, now: float) -> list[dict]:
+    def update(self, snap: Snapshot, now: float) -> list[dict]:
         self.look(snap, now)
         if now - self._judged < JUDGE_EVERY_S:
             return []

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import cast
 
 from colltrace.host import clock, meeting, storelink, tree
 from colltrace.model.build import compact_entry
 from colltrace.model.finding import Finding
+from colltrace.model.schema import Snapshot
 from colltrace.words import format_ranks
 
 STORE_RETRY_S = 5.0
@@ -25,8 +27,8 @@ class Exchange:
     Connecting imports torch (seconds), so it happens in a background thread; the host's own
     ranks are watched from their files meanwhile. Losing the store costs one warning line."""
 
-    def __init__(self, node, store_address, stream, place: tuple[int, int] | None = None, fan: int | None = None,
-                 connect=None, clocks: bool = True):
+    def __init__(self, node, store_address: tuple[str, int] | None, stream, place: tuple[int, int] | None = None,
+                 fan: int | None = None, connect=None, clocks: bool = True):
         """connect: how a link reaches a server (storelink.connect, the default; the hosts one process
         simulates share clients: storelink.SharedClients). clocks: measure this host's clock against the
         servers it publishes to, and answer those who measure theirs (simulated hosts share one)."""
@@ -44,8 +46,8 @@ class Exchange:
         self.below: storelink.StoreLink | None = None
         self.serving: meeting.MeetingPoint | None = None
         self.took_over = False             # the leader's host died and this one judges the job now
-        self._siblings: dict[int, tuple] = {}   # the leader's other children's servers: who takes over
-        self._root_address: tuple | None = None  # the leader's server, for a host whose parent dies
+        self._siblings: dict[int, tuple[str, int]] = {}   # the leader's other children's servers: who takes over
+        self._root_address: tuple[str, int] | None = None  # the leader's server, for a host whose parent dies
         self._want = tree.want_of(None)     # what the parent last asked for
         self._suspicion = tree.Suspicion()
         self._every = True                  # the leader: every entry in full (a small job)
@@ -105,9 +107,11 @@ class Exchange:
         """The host of rank 0 serves the meeting point and announces it in the job's store; the
         others look for that announcement (asking again until it is there, or rank 0 shows up
         here) and then talk only to the leader's server."""
+        store_address = self.store_address
+        assert store_address is not None   # _link connects only where there is a store
         if 0 in self.node.traces:
             if self.meeting is None:
-                self.meeting = meeting.MeetingPoint(*self.store_address, connect=self._connect)
+                self.meeting = meeting.MeetingPoint(*store_address, connect=self._connect)
             link = storelink.StoreLink(*self.meeting.address, connect=self._connect)
             link.node_index = link.join()   # 1: the others know it
             self.meeting.announce()
@@ -115,7 +119,9 @@ class Exchange:
             self.link = link
             return
         if self.has_children and self.serving is None:
-            self.serving = meeting.MeetingPoint(*self.store_address, key=meeting.parent_key(self.topo.index),
+            topo = self.topo
+            assert topo is not None   # has_children: it has a place in the tree
+            self.serving = meeting.MeetingPoint(*store_address, key=meeting.parent_key(topo.index),
                                                 connect=self._connect)
             below = storelink.StoreLink(*self.serving.address, connect=self._connect)
             below.node_index = below.join()   # 1: its children know it
@@ -124,10 +130,14 @@ class Exchange:
             self.below = below
         parent = self.tree_parent
         keys = (meeting.LEADER_KEY,) + ((meeting.parent_key(parent),) if parent else ())
-        found = meeting.find_leader(*self.store_address, keys=keys, connect=self._connect)
-        if parent:
-            self._root_address = found[0] or self._root_address
-            found = found[1]
+        answer = meeting.find_leader(*store_address, keys=keys, connect=self._connect)
+        found: tuple[str, int] | None
+        if parent:   # two keys: a list of two addresses (None where not announced)
+            both = cast("list[tuple[str, int] | None]", answer)
+            self._root_address = both[0] or self._root_address
+            found = both[1]
+        else:
+            found = cast("tuple[str, int] | None", answer)
         if found is not None:
             try:
                 self.link = storelink.StoreLink(*found, connect=self._connect)
@@ -141,7 +151,7 @@ class Exchange:
         self._leader_wait_since = self._leader_wait_since or now
         if now - self._leader_wait_since > LEADER_WAIT_S:
             raise storelink.StoreError(f"no leader announced in the job's store at "
-                                       f"{self.store_address[0]}:{self.store_address[1]} after {LEADER_WAIT_S:.0f} s")
+                                       f"{store_address[0]}:{store_address[1]} after {LEADER_WAIT_S:.0f} s")
         self.next_try = now + LEADER_POLL_S   # not announced yet: ask again, quietly
 
     def _answer(self, address) -> None:
@@ -196,8 +206,11 @@ class Exchange:
             self.stream.flush()
 
     def _dead_leader(self) -> dict:
-        seen = self._leader_copy[1]
-        note = f"its host ({seen.get('host')}) stopped answering: the leader's meeting point at {self.link.address} is gone"
+        copy, link = self._leader_copy, self.link
+        assert copy is not None and link is not None   # both callers checked them
+        seen = copy[1]
+        note = (f"its host ({seen.get('host')}) stopped answering: the leader's meeting point at {link.address} "
+                "is gone")
         own = {str(r) for r in seen.get("own") or seen["ranks"]}
         return dict(seen, ranks={r: dict(e, status="dead", died_at=time.time(), exit={"signal": None, "note": note})
                                  for r, e in seen["ranks"].items() if r in own})
@@ -227,7 +240,9 @@ class Exchange:
             except storelink.StoreError:
                 continue
         self.lost_leader = self._dead_leader()
-        seen = self._leader_copy[1]
+        copy = self._leader_copy
+        assert copy is not None   # checked above: the loop clears it only as it returns
+        seen = copy[1]
         self.took_over, self.link = True, None
         self.stream.write(f"colltrace: the leader's host ({seen.get('host')}, ranks "
                           f"{format_ranks(sorted(int(r) for r in self.lost_leader['ranks']))}) stopped answering "
@@ -237,15 +252,19 @@ class Exchange:
 
     def _subtree(self, summary: dict, now: float) -> dict:
         """This host's summary with its children's (each their own subtree's), as one."""
-        children = self.below.node_summaries(skip=self.below.node_index, unfold=False)   # passed up folded
+        below = self.below
+        assert below is not None   # its one caller checked it
+        children = below.node_summaries(skip=below.node_index, unfold=False)   # passed up folded
         return tree.merge_subtree(summary, children, now)
 
     def exchange(self, summary: dict, on_hang) -> tuple[list[dict], set[int]]:
         """Publish this host's summary. The leader gets the other hosts' summaries; the others
         get the ranks whose live stacks the leader wants, and call on_hang(why) when it found a hang."""
         if self.took_over:
+            # only a host with children takes over, and it serves them (self.below) before it links
+            below = cast(storelink.StoreLink, self.below)
             try:
-                return self.below.node_summaries(skip=self.below.node_index), set()
+                return below.node_summaries(skip=below.node_index), set()
             except storelink.StoreError:
                 return [], set()
         link = self._link()
@@ -264,14 +283,16 @@ class Exchange:
             # What a verdict waits for goes up at once: a rank newly sent in full (it waits, the
             # root asked, it died) or whose status changed. The rest every PUBLISH_S; and where
             # nothing but the beats changed (a hung job), only the beats, nothing encoded.
-            shape = {r: (tree.detailed(e), e.get("status")) if isinstance(e, dict) else None for r, e in ranks.items()}
+            shape = {r: (tree.detailed(e), e.get("status")) if isinstance(e, dict) else None
+                     for r, e in ranks.items()}
             urgent = self._fresh_want or shape != self._shape
             if urgent or now - self._published_at >= storelink.PUBLISH_S:
                 bare = (storelink.without_beats(ranks), {k: v for k, v in summary.items() if k not in ("t", "ranks")})
                 if not urgent and self._bare is not None and self._bare[0] is link and self._bare[1] == bare:
                     link.publish_beat({"t": summary.get("t"), "ranks": ranks})
                 else:
-                    ranks = {r: compact_entry(e) if tree.detailed(e) and "cls" not in e else e for r, e in ranks.items()}
+                    ranks = {r: compact_entry(e) if tree.detailed(e) and "cls" not in e else e
+                             for r, e in ranks.items()}
                     classes = summary.get("classes") or {}
                     extra = {}
                     if not want["all"]:   # a large job: equal states travel once (tree.fold), counted here
@@ -294,12 +315,12 @@ class Exchange:
             if ended:
                 self._leader_ended, self.link = True, None
                 return [], set()
-            if self.topo is None or self.topo.parent in (None, 1):
-                if self._leader_copy is None or now - self._leader_copy[0] >= LEADER_COPY_S:
-                    copy = link.node_summary(1)
-                    if copy is not None:
-                        self._leader_copy = (now, copy)
-                    self._learn_siblings(link)
+            if ((self.topo is None or self.topo.parent in (None, 1))
+                    and (self._leader_copy is None or now - self._leader_copy[0] >= LEADER_COPY_S)):
+                copy = link.node_summary(1)
+                if copy is not None:
+                    self._leader_copy = (now, copy)
+                self._learn_siblings(link)
             return [], set(self._want["stacks"])
         except storelink.StoreError as exc:
             self.down(exc)
@@ -310,11 +331,13 @@ class Exchange:
         leader's store, and learns where its elder siblings do: who takes over if the leader dies."""
         if not self.has_children or self.serving is None:
             return
-        if self.topo.index not in self._siblings:
-            link.write(meeting.parent_key(self.topo.index),
+        topo = self.topo
+        assert topo is not None   # has_children: it has a place in the tree
+        if topo.index not in self._siblings:
+            link.write(meeting.parent_key(topo.index),
                       f"{self.serving.address[0]}:{self.serving.address[1]}".encode())
-            self._siblings[self.topo.index] = self.serving.address
-        for k in range(2, self.topo.index):
+            self._siblings[topo.index] = self.serving.address
+        for k in range(2, topo.index):
             if k not in self._siblings:
                 raw = link.read(meeting.parent_key(k))
                 if raw is not None:
@@ -352,7 +375,7 @@ class Exchange:
         """The ranks the leader last asked every host to have sampled (this host asks its own)."""
         return set(self._want["sample"])
 
-    def judgeable(self, snap: dict) -> dict | None:
+    def judgeable(self, snap: Snapshot) -> Snapshot | None:
         """The leader: what it judges this round. A small job: all of it. A large one: the ranks
         it has in full, once every member of the groups it asked for is there (else None)."""
         if self._every:
@@ -361,8 +384,8 @@ class Exchange:
             return None
         return tree.judged(snap, self._suspicion.groups, snap.get("taken_at") or time.time())
 
-    def want(self, wanted: set[int], snap: dict | None = None, now: float | None = None,
-             parts: list[dict] | None = None, sample: set[int] = frozenset()) -> None:
+    def want(self, wanted: set[int], snap: Snapshot | None = None, now: float | None = None,
+             parts: list[dict] | None = None, sample: set[int] | frozenset[int] = frozenset()) -> None:
         """The leader: the ranks whose live stacks it needs from the hosts that hold them, and, on
         a job of more than DETAIL_ALL_RANKS ranks, the groups whose members it needs in full.
         parts: the summaries snap merged (tree.Suspicion reuses what it counted of the unchanged).

@@ -48,7 +48,7 @@ def leader_address(job_store, key: str = LEADER_KEY) -> str | None:
 
 
 def find_leader(host: str, port: int, timeout_s: float = 5.0, keys=(LEADER_KEY,),
-                connect=storelink.connect) -> tuple[str, int] | None:
+                connect=storelink.connect) -> tuple[str, int] | list[tuple[str, int] | None] | None:
     """Read the announcement once and let go of the job's store. Several keys: a list of
     addresses (None for each not announced yet); one key: its address or None."""
     store = connect(host, port, timeout_s)

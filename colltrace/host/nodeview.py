@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import cast
 
 from colltrace.host import activity, probes
 from colltrace.model import build
@@ -50,7 +51,7 @@ class NodeView:
         self.activity: dict[int, activity.Activity] = {}   # ranks others wait for: CPU and stack samples
         self.first_seen = time.time()
         self.replaced: set[int] = set()   # ranks whose files a later job in this folder took over
-        self._ignored_files: dict[int, int] = {}   # rank -> inode of the other job's ring file
+        self._ignored_files: dict[int, int | None] = {}   # rank -> inode of the other job's ring file
         self._samples_asked: dict[int, float] = {}  # rank -> when it was last asked for stack samples
 
     def discover(self) -> None:
@@ -137,13 +138,15 @@ class NodeView:
             except OSError:
                 pass
         # the meta line, and whether colltrace's handler on the stack signal writes native frames
-        got = probes.live_stacks(self.dir, {rank: (tr.meta.get("pid"), dict(tr.meta, native_stack=bool(
+        # (a rank's meta line carries its pid)
+        got = probes.live_stacks(self.dir, {rank: (cast(int, tr.meta.get("pid")), dict(tr.meta, native_stack=bool(
                                      tr.native_info.get("native_stack")))) for rank, tr in due},
                                  with_native=native_due)
         for rank, (frames, route, why, native_frames) in got.items():
             if frames is not None:
                 # [] once asked for: not asked again before the next refresh
-                self.live_stacks[rank] = (now, frames, route, why, native_frames or ([] if rank in native_due else None))
+                self.live_stacks[rank] = (now, frames, route, why,
+                                          native_frames or ([] if rank in native_due else None))
                 act = self.activity.get(rank)
                 if act is not None:
                     act.add_stack(now, frames)
@@ -155,7 +158,8 @@ class NodeView:
         deadline = time.monotonic() + FR_WAIT_S
         pending = [rank for rank, _ in due]
         while pending and time.monotonic() < deadline:
-            pending = [r for r in pending if not asks.fr_answered(self.dir, r) and not process_gone(self.traces[r].meta.get("pid"))]
+            pending = [r for r in pending
+                       if not asks.fr_answered(self.dir, r) and not process_gone(self.traces[r].meta.get("pid"))]
             if pending:
                 time.sleep(0.02)
 
@@ -207,4 +211,4 @@ class NodeView:
         return self.host or next((tr.meta.get("host") for tr in self.traces.values() if tr.meta.get("host")), None)
 
     def pids(self) -> dict[int, int]:
-        return {r: tr.meta.get("pid") for r, tr in self.traces.items() if tr.meta.get("pid") and r not in self.died_at}
+        return {r: pid for r, tr in self.traces.items() if (pid := tr.meta.get("pid")) and r not in self.died_at}

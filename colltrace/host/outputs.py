@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+from typing import cast
 
 from colltrace import verdict
 from colltrace.model.finding import Finding
-from colltrace.model.schema import empty
+from colltrace.model.schema import Snapshot, empty
 from colltrace.reporters import stacks
 from colltrace.reporters import text as report
 from colltrace.tracefile import layout, storage
@@ -31,7 +32,7 @@ class Outputs:
             self.say(f"colltrace: warning: cannot write to {self.dir}: {storage.describe(exc)}; "
                      "findings go to this output only")
 
-    def findings(self, new: list[Finding], reported: list[Finding], snap: dict) -> None:
+    def findings(self, new: list[Finding], reported: list[Finding], snap: Snapshot) -> None:
         """New findings: each finding's paragraph and stack classes on the stream first (on a
         large job the files take a second more), then appended to findings.jsonl, the snapshot
         and report rewritten."""
@@ -51,9 +52,9 @@ class Outputs:
             self._write_failed(exc)
         self.say(f"colltrace: details in {self.dir}/report.txt; run: colltrace analyze {self.dir}")
 
-    def report(self, reported: list[Finding], snap: dict | None = None) -> None:
+    def report(self, reported: list[Finding], snap: Snapshot | None = None) -> None:
         """report.txt: the verdict in the words `colltrace analyze` uses (culprits first)."""
-        text = verdict.of_snapshot(snap or dict(empty()), findings=reported).text()
+        text = verdict.of_snapshot(snap or cast(Snapshot, dict(empty())), findings=reported).text()
         with open(os.path.join(self.dir, "report.txt"), "w") as f:
             f.write(text + "\n")
 

@@ -83,9 +83,11 @@ def _send_signal(directory: str, rank: int, pid: int, meta: dict) -> str | None:
     if not sig:
         return meta.get("stack_signal_note") or "no stack signal registered"
     try:
-        os.truncate(stack_signal_path(directory, rank), 0)   # the rank appends (O_APPEND): its next dump starts the file
+        # the rank appends (O_APPEND): its next dump starts the file
+        os.truncate(stack_signal_path(directory, rank), 0)
         if meta.get("native_stack"):
-            os.truncate(native.native_stack_path(directory, rank), 0)   # colltrace's handler writes before faulthandler
+            # colltrace's handler writes before faulthandler
+            os.truncate(native.native_stack_path(directory, rank), 0)
         os.kill(pid, int(sig))
     except OSError as exc:
         return f"signal: {exc.strerror or exc}"
@@ -174,7 +176,7 @@ def live_stacks(directory: str, due: dict[int, tuple[int, dict]], py_spy_ok: boo
     signalled = by_signal(directory, {r: due[r] for r in sorted(pending)})
     for rank in sorted(pending):
         pid, meta = due[rank]
-        why = ["in-process: no answer in %.1f s (the GIL is held)" % INPROC_WAIT_S]
+        why = [f"in-process: no answer in {INPROC_WAIT_S:.1f} s (the GIL is held)"]
         frames, err = signalled[rank]
         if frames is not None:
             out[rank] = (frames, "signal", why, _read_native(directory, rank) if meta.get("native_stack") else None)

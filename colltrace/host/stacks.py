@@ -40,7 +40,8 @@ def dump(pid: int, native: bool = False, timeout: float = 10.0) -> dict:
     if out.returncode != 0:
         line = (out.stderr.strip().splitlines() or ["py-spy failed"])[-1]
         if "ptrace" in out.stderr.lower() or "permission" in out.stderr.lower():
-            line += " (py-spy needs ptrace: run as the same user with ptrace allowed, or grant SYS_PTRACE in containers)"
+            line += (" (py-spy needs ptrace: run as the same user with ptrace allowed, "
+                     "or grant SYS_PTRACE in containers)")
         return {"_error": line}
     try:
         threads = json.loads(out.stdout)

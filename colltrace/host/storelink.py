@@ -31,6 +31,7 @@ import threading
 import time
 import zlib
 from datetime import timedelta
+from typing import Any
 
 from colltrace import address
 from colltrace.errors import ColltraceError
@@ -126,7 +127,8 @@ def without_beats(ranks: dict) -> dict:
 
 def beat_payload(summary: dict) -> bytes:
     """A summary's beat, encoded: its time and its ranks' heartbeats."""
-    hb = {r: e["heartbeat"] for r, e in (summary.get("ranks") or {}).items() if isinstance(e, dict) and "heartbeat" in e}
+    hb = {r: e["heartbeat"] for r, e in (summary.get("ranks") or {}).items()
+          if isinstance(e, dict) and "heartbeat" in e}
     return json.dumps({"t": summary.get("t"), "hb": hb}, separators=(",", ":")).encode()
 
 
@@ -155,7 +157,7 @@ class SharedClients:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._clients: dict[tuple[str, int], object] = {}
+        self._clients: dict[tuple[str, int], Any] = {}   # c10d TCPStore clients
 
     def __call__(self, host: str, port: int, timeout_s: float):
         quiet_c10d()
@@ -197,15 +199,16 @@ class StoreLink:
             raw = self._get(PREFIX + "leader")
             if raw is not None:
                 del self._store
-                self.__init__(*parse_address(raw.decode(errors="replace")), timeout_s=timeout_s, connect=connect)
+                type(self).__init__(self, *parse_address(raw.decode(errors="replace")), timeout_s=timeout_s,
+                                    connect=connect)
                 self.followed = True
                 return
         self.node_index: int | None = None
         self._present: set[str] = set()   # node keys known to exist (they are never deleted)
         self._groups: dict[str, tuple] = {}  # node key -> (crc, group table), read side
-        self._groups_crc = None              # what this node last wrote, write side
+        self._groups_crc: int | None = None  # what this node last wrote, write side
         self._groups_memo: list = []         # its encoding, while the table says the same (node_payload)
-        self._data = None
+        self._data: bytes | None = None
         self._decoded: dict[str, tuple] = {}  # node key -> (bytes, summary): decoded once
         self._control_seen: tuple = (-1, (None, None, False))   # (CONTROL count, control()) last read
         self._unfolded: dict[str, tuple] = {}  # node key -> (bytes, summary with its classes unfolded)
@@ -271,7 +274,7 @@ class StoreLink:
             if version != self._control_seen[0]:
                 keys = [PREFIX + "want", PREFIX + "hang", PREFIX + "ended"]
                 have = [self._store.check([k]) for k in keys]
-                got = [bytes(self._store.get(k)) if h else None for k, h in zip(keys, have)]
+                got = [bytes(self._store.get(k)) if h else None for k, h in zip(keys, have, strict=True)]
                 self.traffic += sum(len(g) for g in got if g)
                 self._control_seen = (version, (got[0], got[1], got[2] is not None))
         except Exception as exc:
@@ -335,14 +338,14 @@ class StoreLink:
             raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None
         if fresh:
             self._beats_read_at = now
-            for k, v in zip(beats, values[len(present):]):
+            for k, v in zip(beats, values[len(present):], strict=False):
                 try:
                     self._beats[k[:-len("/beat")]] = json.loads(bytes(v))
                 except ValueError:
                     continue
         beat_of = self._beats
         out = []
-        for key, v in zip(present, values):
+        for key, v in zip(present, values, strict=False):
             try:
                 raw = bytes(v)
                 have = self._decoded.get(key)

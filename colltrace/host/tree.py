@@ -24,15 +24,17 @@ import hashlib
 import json
 import math
 import os
+from typing import cast
 
 from colltrace.model import arrivals
 from colltrace.model.build import clock_offsets
-from colltrace.model.schema import ALIVE, PENDING, UNKNOWN
+from colltrace.model.schema import ALIVE, PENDING, UNKNOWN, Snapshot
 
 FANOUT = 32               # children per parent: a store server serves at most this many hosts
 DETAIL_ALL_RANKS = 512    # up to this many ranks every rank's entry travels in full, every round
 SUSPECT_AFTER_S = 0.5     # a collective waited on this long with nothing moving: its group's details
-HOST_LOST_S = 5.0         # a rank whose heartbeat (its poller thread beats while it waits) is this old: its host stopped publishing
+HOST_LOST_S = 5.0         # a rank whose heartbeat (its poller thread beats while it waits) is this old: its host
+                          # stopped publishing
 LOST_FACTOR = 4.0         # ... or this many times the job's typical beat age, where hosts publish slowly
 BEAT_SAMPLE = 1024        # ranks whose beats tell the typical age
 
@@ -136,8 +138,9 @@ def slim(ranks: dict, want: dict, now: float) -> dict:
     groups = want["groups"]
     out = {}
     for r, e in ranks.items():
-        if not isinstance(e, dict) or not detailed(e) or (e.get("status") not in (ALIVE, UNKNOWN) or groups.intersection(e.get("progress") or ()) or _waits(e, now)
-              or _int(r) in want["sample"]):
+        if not isinstance(e, dict) or not detailed(e) or (e.get("status") not in (ALIVE, UNKNOWN)
+                                                           or groups.intersection(e.get("progress") or ())
+                                                           or _waits(e, now) or _int(r) in want["sample"]):
             out[r] = e
         else:
             out[r] = vital(e)
@@ -209,14 +212,15 @@ def unfold(ranks: dict, classes: dict) -> dict:
             out[r] = e
             continue
         t = classes.get(e["cls"]) if isinstance(classes, dict) else None
-        times = e.get("rt") if isinstance(e.get("rt"), list) else []
+        rt = e.get("rt")
+        times = rt if isinstance(rt, list) else []
         base = {k: v for k, v in e.items() if k not in ("cls", "rt", "w")}
         if not isinstance(t, dict) or len(times) != len(t.get("records") or ()):
             base["vital"] = True
             out[r] = base
             continue
         records = [dict(rec, rank=e.get("rank"), id=n[0], entered_at=n[1], returned_at=n[2], completed_at=n[3])
-                   for rec, n in zip(t["records"], times) if isinstance(n, list) and len(n) == 4]
+                   for rec, n in zip(t["records"], times, strict=True) if isinstance(n, list) and len(n) == 4]
         out[r] = {**t, **base, "records": records}
     return out
 
@@ -262,7 +266,7 @@ class Suspicion:
         self.groups: set[str] = set()
         self._tallies: dict[int, tuple] = {}  # id(a summary's ranks table) -> (the table, its tally)
 
-    def update(self, snap: dict, now: float, parts: list[dict] | None = None) -> set[str]:
+    def update(self, snap: Snapshot, now: float, parts: list[dict] | None = None) -> set[str]:
         """parts: the summaries snap merged, where the caller has them. A summary whose bytes did
         not change since the last round keeps its ranks table (host/storelink.py), whose tally is
         then reused: the root's round costs per host that changed, not per rank."""
@@ -352,8 +356,10 @@ def _tally(ranks: dict, classes: dict | None = None) -> tuple:
             continue
         if "cls" in e:   # a residue: its records' states and groups are its class's, their times its own
             t_recs = (classes or {}).get(e["cls"], {}).get("records") or ()
-            times = e.get("rt") if isinstance(e.get("rt"), list) else []
-            recs = [(r, n[1] if isinstance(n, list) and len(n) == 4 else None) for r, n in zip(t_recs, times)]
+            rt = e.get("rt")
+            times = rt if isinstance(rt, list) else []
+            recs = [(r, n[1] if isinstance(n, list) and len(n) == 4 else None)
+                    for r, n in zip(t_recs, times, strict=False)]
         else:
             recs = [(r, r.get("entered_at")) for r in e.get("records") or ()]
         for r, t in recs:
@@ -386,7 +392,7 @@ def _combine(tallies: list[tuple]) -> tuple:
     return hi_entered, lo_done, dead, pending, since
 
 
-def lost_after(snap: dict, now: float) -> float:
+def lost_after(snap: Snapshot, now: float) -> float:
     """How old a rank's beat may be before its host counts as lost: HOST_LOST_S, or on a job whose
     hosts publish slowly (loaded machines: the watchdog yields its cores to the ranks) LOST_FACTOR
     times the typical age of the job's beats, so that a slow host is waited for and a dead one,
@@ -399,7 +405,7 @@ def lost_after(snap: dict, now: float) -> float:
     return max(HOST_LOST_S, LOST_FACTOR * typical)
 
 
-def judged(snap: dict, groups: set[str], now: float) -> dict | None:
+def judged(snap: Snapshot, groups: set[str], now: float) -> Snapshot | None:
     """What the root judges on a job seen from vitals: the ranks it has in full, once every
     member of every wanted group is among them (else None: wait for the next round). A member
     whose host stopped publishing (its beat older than lost_after()) will never send its details:
@@ -421,4 +427,4 @@ def judged(snap: dict, groups: set[str], now: float) -> dict | None:
                 return None
             ranks[r] = dict(e, status="dead", died_at=_beat(e), records=[], vital=False,
                             exit={"signal": None, "note": f"its host ({e.get('host')}) stopped answering"})
-    return dict(snap, ranks=ranks)
+    return cast(Snapshot, dict(snap, ranks=ranks))

@@ -24,13 +24,15 @@ from colltrace.host.outputs import Outputs
 from colltrace.model import arrivals
 from colltrace.model.build import merge, suspects
 from colltrace.model.finding import Finding
+from colltrace.model.schema import Snapshot
 from colltrace.reporters.activity import activity_lines
 from colltrace.reporters.stragglers import render_straggler_line
 from colltrace.tracefile import layout
 
 CERTAIN_KINDS = ("deadlock", "mismatch", "dead_rank")   # what a stall can turn into
 SUPERSEDABLE = ("stall", "unmatched_p2p")
-REJUDGE_S = 0.5               # a large job's unchanged input is judged again this often (SETTLE_S's and the death's wait fit)
+REJUDGE_S = 0.5               # a large job's unchanged input is judged again this often (SETTLE_S's and the
+                              # death's wait fit)
 REJUDGE_SHARE = 0.25          # ... or, where judging takes longer, at most this share of the watchdog's time
 REJUDGE_MAX_S = 5.0           # ... and never less often than this (a threshold crossed, a host lost: this late at most)
 WATCHDOG_NICE = 10            # scheduling priority of the watchdog's threads (0 = the ranks')
@@ -73,7 +75,7 @@ def _yield_cpu() -> None:
 class View:
     """The leader's latest round, read-only: the snapshot it judged, what it found then, and
     every finding reported so far (a problem reported earlier stays here after it is gone)."""
-    snapshot: dict
+    snapshot: Snapshot
     findings: list[Finding]
     reported: list[Finding]
     taken_at: float
@@ -115,7 +117,7 @@ class Watchdog:
         self._judged = Kept()      # the findings, or None where not judgeable yet (_judge)
         self._subscribers: list = []
         self._start_dashboard = start_dashboard
-        self.dashboard = None              # COLLTRACE_DASHBOARD: its server once started (False: failed or none)
+        self.dashboard: object = None      # COLLTRACE_DASHBOARD: its server once started (False: failed or none)
 
     # -- what embedders use ------------------------------------------------------------------
     @property
@@ -143,7 +145,7 @@ class Watchdog:
         self.store.close()
 
     # -- one round --------------------------------------------------------------------------
-    def _publish(self, snap: dict, findings: list[Finding], new: list[Finding], now: float) -> None:
+    def _publish(self, snap: Snapshot, findings: list[Finding], new: list[Finding], now: float) -> None:
         self._view = View(snap, findings, list(self.findings), now)
         for callback in list(self._subscribers):
             try:
@@ -192,7 +194,8 @@ class Watchdog:
         if findings is None:   # a large job whose wanted ranks are not all in full yet
             self._publish(snap, list(self.findings), [], now)
             return []
-        if self.settings.dashboard and self.dashboard is None and (self.store.store_address is None or 0 in self.node.traces):
+        if (self.settings.dashboard and self.dashboard is None
+                and (self.store.store_address is None or 0 in self.node.traces)):
             self.dashboard = False   # on the host of rank 0 only, once; its imports take a second: off this loop
             threading.Thread(target=self.serve_dashboard, name="colltrace-dashboard-start", daemon=True).start()
         new = [f for f in findings if f.key not in self.reported]
@@ -222,13 +225,13 @@ class Watchdog:
         own = {r: {k: v for k, v in e.items() if k != "heartbeat"} for r, e in summary["ranks"].items()}
         return repr(sorted(own.items())), frozenset(self.store.suspected_groups), tuple(id(o["ranks"]) for o in others)
 
-    def _suspects(self, snap: dict, summary: dict, others: list[dict], now: float) -> set[int]:
+    def _suspects(self, snap: Snapshot, summary: dict, others: list[dict], now: float) -> set[int]:
         """build.suspects of this round, on a large job kept while its input is unchanged, as
         _judge keeps its answer: at 16,384 ranks in a hang it reads every rank's records, 50 ms."""
         return self._suspected.get(self._input_key(summary, others), now, lambda: suspects(snap, now),
                                    [o["ranks"] for o in others])
 
-    def _judge(self, snap: dict, summary: dict, others: list[dict], now: float) -> list[Finding] | None:
+    def _judge(self, snap: Snapshot, summary: dict, others: list[dict], now: float) -> list[Finding] | None:
         """The findings on this round's snapshot; None where a large job cannot be judged yet (the
         ranks the root asked for are not all in full: host/tree.py's judged). On a large job whose
         input did not change since the last round that judged it (every other host's summary the
@@ -264,7 +267,7 @@ class Watchdog:
             if old:
                 f.supersedes = [x.key for x in old]
 
-    def _follow(self, findings: list[Finding], new: list[Finding], snap: dict) -> None:
+    def _follow(self, findings: list[Finding], new: list[Finding], snap: Snapshot) -> None:
         """A stall already reported whose missing ranks changed from progressing to frozen (or
         back): say so in one line, and keep report.txt and snapshot.json current."""
         changed = []

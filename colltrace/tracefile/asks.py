@@ -102,7 +102,7 @@ def install_signal(directory: str, rank: int) -> tuple[dict, object]:
     try:
         if signal.getsignal(sig) != signal.SIG_DFL:
             return {"stack_signal": None, "stack_signal_note": f"the program handles signal {sig} itself"}, None
-        f = open(stack_signal_path(directory, rank), "a")
+        f = open(stack_signal_path(directory, rank), "a")   # noqa: SIM115 - kept open: faulthandler writes to it
         faulthandler.register(sig, file=f, all_threads=True, chain=False)
     except (OSError, ValueError, RuntimeError) as exc:
         return {"stack_signal": None, "stack_signal_note": f"not registered: {exc}"}, None
@@ -120,8 +120,9 @@ def retire_signal(f) -> None:
 
     sig = stack_signal()
     try:
-        faulthandler.unregister(sig)
-        signal.signal(sig, signal.SIG_IGN)
+        if sig is not None:   # None: unregister(None) would raise TypeError, caught here
+            faulthandler.unregister(sig)
+            signal.signal(sig, signal.SIG_IGN)
     except (ValueError, RuntimeError, TypeError, OSError):
         pass
     try:
@@ -137,7 +138,9 @@ def uninstall_signal(f) -> None:
     import faulthandler
 
     try:
-        faulthandler.unregister(stack_signal())
+        sig = stack_signal()
+        if sig is not None:   # None: unregister(None) would raise TypeError, caught here
+            faulthandler.unregister(sig)
     except (ValueError, RuntimeError, TypeError):
         pass
     try:
@@ -151,7 +154,8 @@ def _frames_of(frame, limit: int = 128) -> list[dict]:
     out = []
     while frame is not None and limit:
         code = frame.f_code
-        out.append({"file": code.co_filename, "line": frame.f_lineno, "func": code.co_name, **origins.code_traits(code)})
+        out.append({"file": code.co_filename, "line": frame.f_lineno, "func": code.co_name,
+                    **origins.code_traits(code)})
         frame = frame.f_back
         limit -= 1
     out.reverse()

@@ -48,7 +48,8 @@ def jsonl(path: str) -> tuple[list[dict], list[Damage]]:
     if last.strip():
         n = len(out)
         damage.append(Damage(path, f"its last line is cut short ({len(last)} bytes, no line end)",
-                             cost=f"the {n} complete line{'s' if n != 1 else ''} before it {'are' if n != 1 else 'is'} read"
+                             cost=(f"the {n} complete line{'s' if n != 1 else ''} before it "
+                                   f"{'are' if n != 1 else 'is'} read")
                              if n else "no line before it is whole"))
     if bad:
         damage.append(Damage(path, f"{bad} line{'s are' if bad != 1 else ' is'} not a JSON object", cost="skipped"))

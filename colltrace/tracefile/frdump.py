@@ -19,7 +19,7 @@ import pickle
 import re
 
 from colltrace.errors import InputError
-from colltrace.model.schema import COMPLETED, IN_FLIGHT, UNKNOWN
+from colltrace.model.schema import COMPLETED, IN_FLIGHT, UNKNOWN, Snapshot
 from colltrace.tracefile.asks import DTYPES
 from colltrace.words import group_desc
 
@@ -148,7 +148,8 @@ def _frames(e: dict) -> list[dict]:
     out = []
     for f in e.get("frames") or ():
         if isinstance(f, dict):
-            out.append({"file": str(f.get("filename", "?")), "line": _int(f.get("line"), 0), "func": str(f.get("name", "?"))})
+            out.append({"file": str(f.get("filename", "?")), "line": _int(f.get("line"), 0),
+                        "func": str(f.get("name", "?"))})
     out.reverse()   # the recorder lists innermost first; the contract wants innermost last
     return out
 
@@ -158,13 +159,13 @@ def _ns(x) -> float | None:
     return v / 1e9 if v else None
 
 
-def to_snapshot(dumps: dict[int, dict], source: str = "") -> dict:
+def to_snapshot(dumps: dict[int, dict], source: str = "") -> Snapshot:
     """The analyzer's snapshot of the ranks' dumps. A record is "completed" when the dump says so
     (its state, retired, or the group's last completed number); else the oldest unfinished one
     of its group (p2p: of its group and peer) is "in_flight" (the recorder cannot tell whether
     the CPU waited, only that the work did not finish) and the ones behind it are "queued"."""
     groups: dict[str, dict] = {}
-    for rank, d in dumps.items():
+    for _rank, d in dumps.items():
         for key, cfg in (d.get("pg_config") or {}).items():
             name = str(cfg.get("name", key)) if isinstance(cfg, dict) else str(key)
             members = _ranks_of(cfg)
@@ -186,12 +187,12 @@ def to_snapshot(dumps: dict[int, dict], source: str = "") -> dict:
             # other groups without a table (gloo): the analyzer takes the ranks that name them
         progress: dict[str, dict] = {}
         for pg_id, st in (d.get("pg_status") or {}).items():
-            name = pg_names.get(str(pg_id))
-            if name is None or not isinstance(st, dict):
+            pg_name = pg_names.get(str(pg_id))
+            if pg_name is None or not isinstance(st, dict):
                 continue   # a group with no entry here: its name is not known on this rank
-            progress[name] = {"entered": max(0, _int(st.get("last_enqueued_collective"), 0)),
+            progress[pg_name] = {"entered": max(0, _int(st.get("last_enqueued_collective"), 0)),
                               "completed": max(0, _int(st.get("last_completed_collective"), 0))}
-        records = []
+        records: list[dict] = []
         pair_count: dict[tuple, int] = {}
         for e in entries:
             name, _ = _pg(e)

@@ -6,6 +6,7 @@ import glob
 import os
 import sys
 
+from colltrace.model.schema import Snapshot
 from colltrace.tracefile import frdump, layout, reader
 
 
@@ -30,7 +31,7 @@ def resolve(directory: str, stream=None) -> str:
     return newest
 
 
-def load(directory: str, prefix: str | None = None, damage: list | None = None) -> dict:
+def load(directory: str, prefix: str | None = None, damage: list | None = None) -> Snapshot:
     """The snapshot of DIR. Raises reader.TraceError (one line naming the folder or file).
     damage: a list given to reader.load_snapshot: each damaged file is added to it, and the
     folder is judged from what is readable."""

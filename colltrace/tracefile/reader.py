@@ -11,11 +11,12 @@ import json
 import os
 import re
 import time
+from typing import Any, cast
 
 from colltrace import origins
 from colltrace.errors import InputError
 from colltrace.model import build, schema
-from colltrace.model.schema import COMPLETED, EXIT_CALLS, FAILED, IN_FLIGHT, WAITING
+from colltrace.model.schema import COMPLETED, EXIT_CALLS, FAILED, IN_FLIGHT, WAITING, Snapshot
 from colltrace.tracefile import asks, batchlog, endings, layout, native, ringfile, samples
 from colltrace.tracefile.damage import Damage, recorded_findings
 from colltrace.tracefile.ringfile import (
@@ -74,8 +75,9 @@ def parse_fault(text: str, roots: dict | None = None) -> dict | None:
             signal, code = name, c
             break
     # faulthandler lists every thread; the one that took the signal is "Current thread".
-    threads = []
-    for m in re.finditer(r"(Current thread|Thread) (0x[0-9a-f]+)[^\n]*\(most recent call first\):\n((?:  File .*\n?)+)", text):
+    threads: list[dict[str, Any]] = []
+    for m in re.finditer(r"(Current thread|Thread) (0x[0-9a-f]+)[^\n]*\(most recent call first\):\n"
+                         r"((?:  File .*\n?)+)", text):
         frames = [{"file": f.group(1), "line": int(f.group(2)), "func": f.group(3)}
                   for f in re.finditer(r'File "([^"]+)", line (\d+) in (\S+)', m.group(3))]
         frames.reverse()
@@ -94,7 +96,8 @@ def parse_fault(text: str, roots: dict | None = None) -> dict | None:
 
 def _failed_with(r: dict, err: dict) -> None:
     """A failed record's reason (docs/findings.md: `reason`; `error` too), from its "error" line."""
-    r["error"] = r["reason"] = f"{err.get('type')}: {err.get('message')}" if err.get("type") else str(err.get("message"))
+    r["error"] = r["reason"] = (f"{err.get('type')}: {err.get('message')}" if err.get("type")
+                                else str(err.get("message")))
 
 
 def ending_of(exit_rec: dict | None, status: dict | None, exception: dict | None) -> tuple[dict | None, list]:
@@ -263,7 +266,7 @@ class RankTrace:
         polled_at = time.time()
         try:
             if self.ring.reopened():
-                self.__init__(os.path.dirname(self.ring.path), self.rank, self.window, self.until)
+                type(self).__init__(self, os.path.dirname(self.ring.path), self.rank, self.window, self.until)
             # The fault report before the ring: a rank seen dead is then never seen short of what
             # it wrote before it died (its last collective returned, say).
             self._read_fault()
@@ -297,6 +300,7 @@ class RankTrace:
         kind, flags, _, gid, sig_id, stack_id, tid, a32, seq, aux, t, rec_id, _ = s
         if self.until is not None and t > self.until and kind in (COMPLETE, FAIL, WAITED):
             return
+        r: dict | None
         if kind == ENTER:
             sig = self.sigs.get(sig_id, {})
             p2p = bool(flags & F_P2P)
@@ -384,9 +388,8 @@ class RankTrace:
                 if r["state"] not in (COMPLETED, FAILED):
                     # the line the program waits for this call at (Work.wait, wait_tensor)
                     r["wait"] = {"since": t, "frames": self.frames(stack_id), "thread": self.threads.get(tid, "")}
-            elif kind == WAITED:
-                if r["state"] != FAILED:
-                    r.pop("wait", None)
+            elif kind == WAITED and r["state"] != FAILED:
+                r.pop("wait", None)
 
     def _ended(self, r: dict, completed: bool = True) -> None:
         """A collective of the group finished (completed, or failed: never counted done). The
@@ -451,8 +454,9 @@ class RankTrace:
         program's own handler survived is no fault; one it may still survive is `native_pending`."""
         if self._fault is not None and self._fault.get("roots") is None and self.meta.get("roots"):
             # read before the meta record: pick the thread again, with the rank's own roots
-            self._fault = dict(parse_fault(self._fault["text"], self.meta["roots"]), text=self._fault["text"],
-                               roots=self.meta["roots"])
+            # (the text parsed before: blank text is never kept, so parse_fault gives a dict)
+            self._fault = dict(cast(dict, parse_fault(self._fault["text"], self.meta["roots"])),
+                               text=self._fault["text"], roots=self.meta["roots"])
         fault = None if self._fault is None else {k: v for k, v in self._fault.items() if k not in ("text", "roots")}
         crash = self._native_crash()
         if crash is None:
@@ -549,6 +553,7 @@ class RankTrace:
 
     def status(self) -> tuple[str, dict | None]:
         """What the files alone say about how this rank ended."""
+        info: dict | None
         fault = self.fault()
         if fault and fault.get("signal"):
             info = {"signal": fault["signal"], "code": fault["code"]}
@@ -621,7 +626,7 @@ class RankTrace:
             batches=self.batches.entry(self.frames), samples=self.samples.entry(samples_since))
 
 
-def job_stall_s(snap: dict, default: float | None = None) -> float:
+def job_stall_s(snap: Snapshot, default: float | None = None) -> float:
     """The job's own COLLTRACE_STALL_S (model/build.py), else `default`, else this environment's."""
     v = build.job_stall_s(snap)
     if v is not None:
@@ -639,13 +644,13 @@ def groups_of(traces) -> dict[str, dict]:
 
 def _newest_job(traces: list[RankTrace]) -> list[RankTrace]:
     """A folder reused across runs may hold ranks of an older job: keep the newest job's."""
-    jobs = {}
+    jobs: dict[str, Any] = {}   # job -> its ranks' latest start time
     for tr in traces:
         job = ringfile.shared_job(tr.meta.get("job"))   # hosts of one job sharing this folder agree on it
         jobs[job] = max(jobs.get(job, 0), tr.meta.get("started", 0))
     if len(jobs) <= 1:
         return traces
-    newest = max(jobs, key=jobs.get)
+    newest = max(jobs, key=jobs.__getitem__)
     return [tr for tr in traces if ringfile.shared_job(tr.meta.get("job")) == newest or tr.error]
 
 
@@ -661,7 +666,7 @@ def load_traces(directory: str, window: int | None = None, until: float | None =
     return _newest_job(traces)
 
 
-def read_saved(directory: str) -> dict | None:
+def read_saved(directory: str) -> Snapshot | None:
     """snapshot.json, written by a live watchdog or `colltrace dump --from-store`; None if absent.
     Raises TraceError when it cannot be read."""
     path = os.path.join(directory, layout.SNAPSHOT)
@@ -676,7 +681,7 @@ def read_saved(directory: str) -> dict | None:
         raise TraceError(str(exc)) from None
 
 
-def load_snapshot(directory: str, damage: list[Damage] | None = None) -> dict:
+def load_snapshot(directory: str, damage: list[Damage] | None = None) -> Snapshot:
     """The analyzer's input, from the files alone. A snapshot.json written by a live
     watchdog or `colltrace dump --from-store` supplies what files cannot (liveness, live stacks).
     damage: a list to add each damaged file to, with its reason; given, the folder is judged from
@@ -707,7 +712,9 @@ def load_snapshot(directory: str, damage: list[Damage] | None = None) -> dict:
         if tr.defs_lost():
             entries[str(tr.rank)] = build.unreadable_entry(tr.rank, "its definitions file is cut short: its records "
                                                                     "name what it lost")
-    return build.from_files(entries, groups_of(traces), saved, judged_at=judged_at)
+    # build.from_files takes and returns the snapshot as a plain dict
+    return cast(Snapshot, build.from_files(entries, groups_of(traces), cast("dict | None", saved),
+                                           judged_at=judged_at))
 
 
 def nothing_readable(directory: str, damage: list[Damage]) -> TraceError:

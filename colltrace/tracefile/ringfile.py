@@ -180,8 +180,8 @@ class RingReader:
         self.lost = 0
         self.heartbeat = 0.0
         self.pid = None
-        self._ino = None
-        self._mm = None
+        self._ino: int | None = None
+        self._mm: mmap.mmap | None = None
         self.slots = 0
         self.stopped = False   # the writer stepped aside (its folder was full): no more slots
         self.readable = 0      # slots the file holds: fewer than `slots` in a copy cut short
@@ -224,6 +224,7 @@ class RingReader:
                 self._mm.close()
             self._open()
         mm = self._mm
+        assert mm is not None   # _open set it, or raised
         count, self.heartbeat = COUNT.unpack_from(mm, COUNT_OFFSET)
         self.stopped = STOPPED.unpack_from(mm, STOPPED_OFFSET)[0] == 1
         # The header count is a hint refreshed with the heartbeat: scan forward from what we

@@ -6,8 +6,8 @@ An object's symbols come from its `.symtab` and `.dynsym`, else from its separat
 (`.gnu_debugdata`). glibc's string functions are IFUNCs whose implementations are local symbols
 a stripped libc does not name: where the object is mapped in this process too (the same file),
 an implementation that starts the very function the address is in (`.eh_frame_hdr`) is named by
-its IFUNC (memset for __memset_avx2_unaligned_erms, as it is where debug symbols name it too). C++ names are demangled by c++filt, or
-libstdc++'s own demangler.
+its IFUNC (memset for __memset_avx2_unaligned_erms, as it is where debug symbols name it too).
+C++ names are demangled by c++filt, or libstdc++'s own demangler.
 
 The ELF reading is by hand, with struct over the mapped file: libtorch_cpu.so has 530,000
 symbols, and per-symbol objects (pyelftools) would take the watchdog seconds a crash.
@@ -58,9 +58,11 @@ class Elf:
         for i in range(shnum if shoff else 0):
             off = shoff + i * shentsize
             if self.is64:
-                name, stype, _, addr, offset, size, link, _, _, entsize = struct.unpack_from(e + "IIQQQQIIQQ", data, off)
+                name, stype, _, addr, offset, size, link, _, _, entsize = struct.unpack_from(
+                    e + "IIQQQQIIQQ", data, off)
             else:
-                name, stype, _, addr, offset, size, link, _, _, entsize = struct.unpack_from(e + "IIIIIIIIII", data, off)
+                name, stype, _, addr, offset, size, link, _, _, entsize = struct.unpack_from(
+                    e + "IIIIIIIIII", data, off)
             self.sections.append({"name": name, "type": stype, "addr": addr, "offset": offset, "size": size,
                                   "link": link, "entsize": entsize})
         if self.sections and shstrndx < len(self.sections):
@@ -179,7 +181,8 @@ def _better(name: str, start: int, than: str, than_start: int) -> bool:
 
 
 def _enc_size(enc: int) -> int | None:
-    return {0x00: 8, 0x03: 4, 0x0B: 4, 0x04: 8, 0x0C: 8, 0x1B: 4, 0x02: 2, 0x0A: 2}.get(enc & 0x7F if enc != 0xFF else 0xFF)
+    return {0x00: 8, 0x03: 4, 0x0B: 4, 0x04: 8, 0x0C: 8, 0x1B: 4, 0x02: 2, 0x0A: 2}.get(
+        enc & 0x7F if enc != 0xFF else 0xFF)
 
 
 def _read_enc(raw: bytes, pos: int, enc: int, e: str) -> int:
@@ -274,7 +277,8 @@ class _Object:
         if impl:
             # an IFUNC's implementation goes by the IFUNC's name (memset, not
             # __memset_avx2_unaligned_erms: what the program called)
-            found = {a: ((impl[start], start) if start in impl else (name, start)) for a, (name, start) in found.items()}
+            found = {a: ((impl[start], start) if start in impl else (name, start))
+                     for a, (name, start) in found.items()}
             starts = self.starts()
             for a in vaddrs:
                 i = bisect.bisect_right(starts, a) - 1
@@ -369,7 +373,7 @@ def resolve(frames: list[dict]) -> list[dict]:
                 names[(id(item[0]),)] = {}
     out = []
     raw_names = []
-    for fr, item in zip(frames, look):
+    for fr, item in zip(frames, look, strict=True):
         sym = start = None
         if item is not None:
             hit = names[(id(item[0]),)].get(item[2])
@@ -413,7 +417,7 @@ def _cxxfilt(names: list[str], types: bool) -> dict[str, str] | None:
     lines = done.stdout.splitlines()
     if done.returncode != 0 or len(lines) != len(names):
         return None
-    return dict(zip(names, lines))
+    return dict(zip(names, lines, strict=True))
 
 
 def _cxa_demangle(names: list[str], types: bool) -> dict[str, str] | None:
