@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,13 +35,24 @@ class Settings:
     dashboard_token: str = field(default="", repr=False)
     user_packages: tuple[str, ...] = ()   # installed packages that are the user's own code (COLLTRACE_USER_PACKAGES)
     pure: bool = False               # COLLTRACE_PURE=1: the Python wrappers only, not the compiled hot path
-    hooks: bool = True               # COLLTRACE_HOOKS=0: on torch >= 2.14, no c10d hooks (the wrappers only,
-                                     # as on 2.13)
-    hooks_compiled: bool = True      # COLLTRACE_HOOKS=python: the hooks registered from Python even where
-                                     # build-hooks built C++ ones
+    # COLLTRACE_HOOKS: "1" (c10d hooks on torch >= 2.14), "0" (none: the wrappers only, as on 2.13),
+    # "python" (the hooks registered from Python even where build-hooks built C++ ones)
+    hooks_mode: str = "1"
     straggler_share: float = 0.1     # a rank that made the others wait this share of the window: one line (0: never)
     straggler_window_s: float = 60.0
+    py_spy: str = ""                 # the py-spy binary; "off": never; "": on PATH or beside python
+    store: str = ""                  # the exchange's store: "HOST:PORT", "off", or "": the job's own
+    leader_port: int = 0             # the port the leader's meeting point serves on (0: any free one)
+    fanout: int = 0                  # the hosts' tree: children per parent (0: host/tree.py's own choice)
     warnings: tuple[str, ...] = ()
+
+    @property
+    def hooks(self) -> bool:
+        return self.hooks_mode != "0"
+
+    @property
+    def hooks_compiled(self) -> bool:
+        return self.hooks_mode != "python"
 
 
 @dataclass(frozen=True)
@@ -54,74 +66,15 @@ class Variable:
     flag: str | None = None         # `colltrace run FLAG VALUE` sets it for the job
     flag_help: str | None = None    # the flag's help, where the README's words hold links
     metavar: str | None = None
-
-
-# Every variable colltrace reads, in the README's order. The README's table is markdown_table()'s
-# text, `colltrace run`'s flags are the rows with a flag, and tests/unit/test_settings_table.py
-# keeps both equal to this table and each row's default equal to its Settings field's.
-VARIABLES: tuple[Variable, ...] = (
-    Variable("COLLTRACE", "off", "`1` (anything but empty/`0`) traces the process", "enabled"),
-    Variable("COLLTRACE_DIR", "`colltrace-out`", "folder for traces, findings and the report", "dir"),
-    Variable("COLLTRACE_STALL_S", "`30`", "seconds ranks may wait for a rank that has not arrived before a *stall* "
-             "finding", "stall_s", "--stall-s", metavar="S"),
-    Variable("COLLTRACE_ON_HANG", "`warn`", "`warn`, `dump` (also write every rank's stacks) or `abort` (end every "
-             "rank; [Slow or hung](#slow-or-hung))", "on_hang", "--on-hang",
-             "warn (default), dump (also write every rank's stacks) or abort (end every rank)"),
-    Variable("COLLTRACE_ABORT_STALL_S", "off", "with `abort`: also end a stall whose missing ranks still move, or a "
-             "collective every member entered that never completes, once it has lasted this long", "abort_stall_s",
-             "--abort-stall-s", metavar="S"),
-    Variable("COLLTRACE_PY_SPY", "on `PATH` or beside `python`", "the py-spy binary, or `off`"),
-    Variable("COLLTRACE_RING_SLOTS", "`65536`", "64-byte event slots per rank (4 MiB): the most recent events kept",
-             "ring_slots"),
-    Variable("COLLTRACE_DEFS_MAX_MB", "`64`", "cap on interned stacks/signatures per rank", "defs_max_bytes"),
-    Variable("COLLTRACE_STACK_DEPTH", "`48`", "frames kept per call stack", "stack_depth"),
-    Variable("COLLTRACE_PURE", "off", "`1`: the Python wrappers only, not the compiled hot path", "pure"),
-    Variable("COLLTRACE_HOOKS", "on", "`0`: no c10d collective hooks on torch ≥ 2.14 (DDP's all-reduces are counted, "
-             "as on 2.13); `python`: the Python route even where `colltrace build-hooks` built its module", "hooks"),
-    Variable("COLLTRACE_WATCHDOG", "`auto`", "`auto` (one per host), `external` (`colltrace run` hosts it), `off`",
-             "watchdog"),
-    Variable("COLLTRACE_DIGEST", "off", "`1`: for `duplicate_data`, a CRC-32 of each gathered CPU input up to 64 KiB "
-             "(`N`: N KiB) and of every step's whole batch", "digest_bytes"),
-    Variable("COLLTRACE_BATCHES", "on", "`0`: do not sample what DDP and FSDP models are fed (steps 1-8, then every "
-             "64th), which `duplicate_data` compares", "batches"),
-    Variable("COLLTRACE_USER_PACKAGES", "none", "`mylib,otherlib`: installed packages that are your own code "
-             "([How it works](#how-it-works))", "user_packages", "--user-packages",
-             "installed packages that are your own code: verdicts name their lines like your scripts'",
-             metavar="NAME[,NAME...]"),
-    Variable("COLLTRACE_STORE", "the job's TCPStore", "where the leader's address is found ([Several "
-             "hosts](#several-hosts)); `off`: each host judges its own ranks"),
-    Variable("COLLTRACE_LEADER_PORT", "any free port", "the port the leader's watchdog serves the other hosts on"),
-    Variable("COLLTRACE_FANOUT", "`32`", "on a job of more hosts than this + 1, the hosts exchange along a tree of "
-             "this many children per parent ([Several hosts](#several-hosts)); unset, past 1,057 hosts: the square "
-             "root of the hosts (two levels)"),
-    Variable("COLLTRACE_STRAGGLER_SHARE", "`0.1`", "one line on stderr when a rank made the others wait this share "
-             "of the job's time over the window (then at most every 5 minutes); `0`: never", "straggler_share",
-             "--straggler-share", "one line when a rank made the others wait this share of the time (0: never)",
-             metavar="SHARE"),
-    Variable("COLLTRACE_STRAGGLER_WINDOW_S", "`60`", "the window the live straggler view (that line, the "
-             "dashboard's panel) judges; the line needs half of it seen", "straggler_window_s"),
-    Variable("COLLTRACE_HOST", "the host name", "tells this host's ranks from others' in a shared folder", "host"),
-    Variable("COLLTRACE_POLL_S", "`0.1`", "how often the watchdog reads the rings and each rank's poller wakes",
-             "poll_s"),
-    Variable("COLLTRACE_DASHBOARD", "off", "`[HOST:]PORT` (HOST: 127.0.0.1): rank 0's host serves the "
-             "[dashboard](#dashboard) there", "dashboard", "--dashboard",
-             "serve the live dashboard while the job runs (127.0.0.1 unless HOST is given; another HOST needs "
-             "COLLTRACE_DASHBOARD_TOKEN; port 0 picks a free one)", metavar="[HOST:]PORT"),
-    Variable("COLLTRACE_DASHBOARD_TOKEN", "none", "token every dashboard request must carry; required to bind "
-             "anything but loopback", "dashboard_token"),
-)
-
-
-def markdown_table() -> str:
-    """The README's table of variables (Settings, "Variables")."""
-    rows = ["| variable | default | meaning |", "|---|---|---|"]
-    rows += [f"| `{v.env}` | {v.shown} | {v.meaning} |" for v in VARIABLES]
-    return "\n".join(rows) + "\n"
+    # (environment, this variable's name, warnings) -> the field's value; a bad value appends one
+    # warning and gives the default
+    read: Callable[[Mapping[str, str], str, list[str]], Any] | None = None
 
 
 _DEFAULT: dict[str, Any] = {f.name: f.default for f in Settings.__dataclass_fields__.values()}
 
 
+# -- readers: (env, name, warnings) -> a field's value; a bad value warns once and gives the default --
 def _float(env, name, default, lo, warnings):
     raw = env.get(name)
     if raw is None or raw.strip() == "":
@@ -150,9 +103,61 @@ def _int(env, name, default, lo, warnings):
     return value
 
 
-def _digest(env, warnings) -> int:
+def _a_float(field_name: str, lo: float):
+    return lambda env, name, warnings: _float(env, name, _DEFAULT[field_name], lo, warnings)
+
+
+def _an_int(field_name: str, lo: int):
+    return lambda env, name, warnings: _int(env, name, _DEFAULT[field_name], lo, warnings)
+
+
+def _text(default: str):
+    return lambda env, name, warnings: env.get(name, "").strip() or default
+
+
+def _choice(default: str, choices: tuple[str, ...]):
+    def read(env, name, warnings):
+        value = env.get(name, default).strip().lower() or default
+        if value not in choices:
+            warnings.append(f"{name}={value!r} is not one of {', '.join(choices)}; using {default}")
+            return default
+        return value
+    return read
+
+
+def _off_unless_set(env, name, warnings) -> bool:
+    """On for anything but unset, empty or 0."""
+    return env.get(name, "").strip() not in ("", "0")
+
+
+def _on_unless_off(env, name, warnings) -> bool:
+    return env.get(name, "").strip().lower() not in ("0", "off", "no", "false")
+
+
+def _enabled(env, name, warnings) -> bool:
+    raw = env.get(name, "").strip()
+    if raw.lower() in ("false", "off", "no"):
+        warnings.append(f"{name}={raw!r} turns tracing ON (only unset, empty or 0 turn it off)")
+    return raw not in ("", "0")
+
+
+def _defs_bytes(env, name, warnings) -> int:
+    """Given in MB, kept in bytes."""
+    return _int(env, name, _DEFAULT["defs_max_bytes"] >> 20, 1, warnings) << 20
+
+
+def _hooks(env, name, warnings) -> str:
+    """"1", "0" or "python" (on/off read as 1/0)."""
+    mode = env.get(name, "").strip().lower() or "1"
+    if mode not in ("1", "on", "0", "off", "python"):
+        warnings.append(f"{name}={mode!r} is not one of 1, 0, python; using 1")
+        return "1"
+    return {"on": "1", "off": "0"}.get(mode, mode)
+
+
+def _digest(env, name, warnings) -> int:
     """COLLTRACE_DIGEST: off (default), on (inputs up to 64 KiB) or a size cap in KiB."""
-    raw = env.get("COLLTRACE_DIGEST", "").strip().lower()
+    raw = env.get(name, "").strip().lower()
     if raw in ("", "0", "off", "no", "false"):
         return 0
     if raw in ("1", "on", "yes", "true"):
@@ -162,7 +167,7 @@ def _digest(env, warnings) -> int:
     except ValueError:
         kib = -1
     if kib < 1:
-        warnings.append(f"COLLTRACE_DIGEST={raw!r} is not on, off or a size in KiB; digests stay off")
+        warnings.append(f"{name}={raw!r} is not on, off or a size in KiB; digests stay off")
         return 0
     return kib << 10
 
@@ -199,49 +204,122 @@ def _bind(env, name, warnings):
         return None
 
 
+def _py_spy(env, name, warnings) -> str:
+    """"off" (also 0 or no): never; else the binary as given, or "" to look for it."""
+    raw = env.get(name, "").strip()
+    return "off" if raw.lower() in ("off", "0", "no") else raw
+
+
+def _store(env, name, warnings) -> str:
+    """"off" (any case), else HOST:PORT as given: the watchdog says there what is wrong with it."""
+    raw = env.get(name, "").strip()
+    return "off" if raw.lower() == "off" else raw
+
+
+def _fanout(env, name, warnings) -> int:
+    raw = env.get(name, "").strip()
+    if raw.isdigit() and int(raw) >= 2:
+        return int(raw)
+    if raw:
+        warnings.append(f"{name}={raw!r} is not an integer >= 2; the tree's own fan-out is used")
+    return 0
+
+
+def _host(env, name, warnings) -> str:
+    return env.get(name, "").strip() or socket.gethostname()
+
+
+# Every variable colltrace reads, in the README's order. The README's table is markdown_table()'s
+# text, `colltrace run`'s flags are the rows with a flag, and tests/unit/test_settings_table.py
+# keeps both equal to this table and each row's default equal to its Settings field's.
+VARIABLES: tuple[Variable, ...] = (
+    Variable("COLLTRACE", "off", "`1` (anything but empty/`0`) traces the process", "enabled", read=_enabled),
+    Variable("COLLTRACE_DIR", "`colltrace-out`", "folder for traces, findings and the report", "dir",
+             read=_text(DEFAULT_DIR)),
+    Variable("COLLTRACE_STALL_S", "`30`", "seconds ranks may wait for a rank that has not arrived before a *stall* "
+             "finding", "stall_s", "--stall-s", metavar="S",
+             read=_a_float("stall_s", 0.0)),
+    Variable("COLLTRACE_ON_HANG", "`warn`", "`warn`, `dump` (also write every rank's stacks) or `abort` (end every "
+             "rank; [Slow or hung](#slow-or-hung))", "on_hang", "--on-hang",
+             "warn (default), dump (also write every rank's stacks) or abort (end every rank)",
+             read=_choice("warn", ON_HANG_CHOICES)),
+    Variable("COLLTRACE_ABORT_STALL_S", "off", "with `abort`: also end a stall whose missing ranks still move, or a "
+             "collective every member entered that never completes, once it has lasted this long", "abort_stall_s",
+             "--abort-stall-s", metavar="S", read=_a_float("abort_stall_s", 0.0)),
+    Variable("COLLTRACE_PY_SPY", "on `PATH` or beside `python`", "the py-spy binary, or `off`", "py_spy",
+             read=_py_spy),
+    Variable("COLLTRACE_RING_SLOTS", "`65536`", "64-byte event slots per rank (4 MiB): the most recent events kept",
+             "ring_slots", read=_an_int("ring_slots", 1024)),
+    Variable("COLLTRACE_DEFS_MAX_MB", "`64`", "cap on interned stacks/signatures per rank", "defs_max_bytes",
+             read=_defs_bytes),
+    Variable("COLLTRACE_STACK_DEPTH", "`48`", "frames kept per call stack", "stack_depth",
+             read=_an_int("stack_depth", 1)),
+    Variable("COLLTRACE_PURE", "off", "`1`: the Python wrappers only, not the compiled hot path", "pure",
+             read=_off_unless_set),
+    Variable("COLLTRACE_HOOKS", "on", "`0`: no c10d collective hooks on torch ≥ 2.14 (DDP's all-reduces are counted, "
+             "as on 2.13); `python`: the Python route even where `colltrace build-hooks` built its module",
+             "hooks_mode", read=_hooks),
+    Variable("COLLTRACE_WATCHDOG", "`auto`", "`auto` (one per host), `external` (`colltrace run` hosts it), `off`",
+             "watchdog", read=_choice("auto", ("auto", "off", "external"))),
+    Variable("COLLTRACE_DIGEST", "off", "`1`: for `duplicate_data`, a CRC-32 of each gathered CPU input up to 64 KiB "
+             "(`N`: N KiB) and of every step's whole batch", "digest_bytes", read=_digest),
+    Variable("COLLTRACE_BATCHES", "on", "`0`: do not sample what DDP and FSDP models are fed (steps 1-8, then every "
+             "64th), which `duplicate_data` compares", "batches", read=_on_unless_off),
+    Variable("COLLTRACE_USER_PACKAGES", "none", "`mylib,otherlib`: installed packages that are your own code "
+             "([How it works](#how-it-works))", "user_packages", "--user-packages",
+             "installed packages that are your own code: verdicts name their lines like your scripts'",
+             metavar="NAME[,NAME...]", read=_names),
+    Variable("COLLTRACE_STORE", "the job's TCPStore", "where the leader's address is found ([Several "
+             "hosts](#several-hosts)); `off`: each host judges its own ranks", "store", read=_store),
+    Variable("COLLTRACE_LEADER_PORT", "any free port", "the port the leader's watchdog serves the other hosts on",
+             "leader_port", read=_an_int("leader_port", 0)),
+    Variable("COLLTRACE_FANOUT", "`32`", "on a job of more hosts than this + 1, the hosts exchange along a tree of "
+             "this many children per parent ([Several hosts](#several-hosts)); unset, past 1,057 hosts: the square "
+             "root of the hosts (two levels)", "fanout", read=_fanout),
+    Variable("COLLTRACE_STRAGGLER_SHARE", "`0.1`", "one line on stderr when a rank made the others wait this share "
+             "of the job's time over the window (then at most every 5 minutes); `0`: never", "straggler_share",
+             "--straggler-share", "one line when a rank made the others wait this share of the time (0: never)",
+             metavar="SHARE", read=_a_float("straggler_share", 0.0)),
+    Variable("COLLTRACE_STRAGGLER_WINDOW_S", "`60`", "the window the live straggler view (that line, the "
+             "dashboard's panel) judges; the line needs half of it seen", "straggler_window_s",
+             read=_a_float("straggler_window_s", 1.0)),
+    Variable("COLLTRACE_HOST", "the host name", "tells this host's ranks from others' in a shared folder", "host",
+             read=_host),
+    Variable("COLLTRACE_POLL_S", "`0.1`", "how often the watchdog reads the rings and each rank's poller wakes",
+             "poll_s", read=_a_float("poll_s", 0.01)),
+    Variable("COLLTRACE_DASHBOARD", "off", "`[HOST:]PORT` (HOST: 127.0.0.1): rank 0's host serves the "
+             "[dashboard](#dashboard) there", "dashboard", "--dashboard",
+             "serve the live dashboard while the job runs (127.0.0.1 unless HOST is given; another HOST needs "
+             "COLLTRACE_DASHBOARD_TOKEN; port 0 picks a free one)", metavar="[HOST:]PORT", read=_bind),
+    Variable("COLLTRACE_DASHBOARD_TOKEN", "none", "token every dashboard request must carry; required to bind "
+             "anything but loopback", "dashboard_token", read=_text("")),
+)
+
+
+def markdown_table() -> str:
+    """The README's table of variables (Settings, "Variables")."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    rows += [f"| `{v.env}` | {v.shown} | {v.meaning} |" for v in VARIABLES]
+    return "\n".join(rows) + "\n"
+
+
+_BY_FIELD = {v.field: v for v in VARIABLES if v.field}
+
+
 def load(env=None) -> Settings:
+    """Every setting, each read by its row of VARIABLES; the warnings for warn_once."""
     env = os.environ if env is None else env
     warnings: list[str] = []
-    raw_on = env.get("COLLTRACE", "").strip()
-    enabled = raw_on not in ("", "0")
-    if raw_on.lower() in ("false", "off", "no"):
-        warnings.append(f"COLLTRACE={raw_on!r} turns tracing ON (only unset, empty or 0 turn it off)")
-    on_hang = env.get("COLLTRACE_ON_HANG", "warn").strip().lower() or "warn"
-    if on_hang not in ON_HANG_CHOICES:
-        warnings.append(f"COLLTRACE_ON_HANG={on_hang!r} is not one of {', '.join(ON_HANG_CHOICES)}; using warn")
-        on_hang = "warn"
-    watchdog = env.get("COLLTRACE_WATCHDOG", "auto").strip().lower() or "auto"
-    if watchdog not in ("auto", "off", "external"):
-        warnings.append(f"COLLTRACE_WATCHDOG={watchdog!r} is not one of auto, off, external; using auto")
-        watchdog = "auto"
-    hooks = env.get("COLLTRACE_HOOKS", "").strip().lower() or "1"
-    if hooks not in ("1", "on", "0", "off", "python"):
-        warnings.append(f"COLLTRACE_HOOKS={hooks!r} is not one of 1, 0, python; using 1")
-        hooks = "1"
-    return Settings(
-        enabled=enabled,
-        dir=env.get("COLLTRACE_DIR", "").strip() or DEFAULT_DIR,
-        stall_s=_float(env, "COLLTRACE_STALL_S", _DEFAULT["stall_s"], 0.0, warnings),
-        on_hang=on_hang,
-        abort_stall_s=_float(env, "COLLTRACE_ABORT_STALL_S", _DEFAULT["abort_stall_s"], 0.0, warnings),
-        ring_slots=_int(env, "COLLTRACE_RING_SLOTS", _DEFAULT["ring_slots"], 1024, warnings),
-        defs_max_bytes=_int(env, "COLLTRACE_DEFS_MAX_MB", _DEFAULT["defs_max_bytes"] >> 20, 1, warnings) << 20,
-        stack_depth=_int(env, "COLLTRACE_STACK_DEPTH", _DEFAULT["stack_depth"], 1, warnings),
-        digest_bytes=_digest(env, warnings),
-        batches=env.get("COLLTRACE_BATCHES", "").strip().lower() not in ("0", "off", "no", "false"),
-        watchdog=watchdog,
-        poll_s=_float(env, "COLLTRACE_POLL_S", _DEFAULT["poll_s"], 0.01, warnings),
-        host=env.get("COLLTRACE_HOST", "").strip() or socket.gethostname(),
-        dashboard=_bind(env, "COLLTRACE_DASHBOARD", warnings),
-        dashboard_token=env.get("COLLTRACE_DASHBOARD_TOKEN", "").strip(),
-        user_packages=_names(env, "COLLTRACE_USER_PACKAGES", warnings),
-        pure=env.get("COLLTRACE_PURE", "").strip() not in ("", "0"),
-        hooks=hooks not in ("0", "off"),
-        hooks_compiled=hooks != "python",
-        straggler_share=_float(env, "COLLTRACE_STRAGGLER_SHARE", _DEFAULT["straggler_share"], 0.0, warnings),
-        straggler_window_s=_float(env, "COLLTRACE_STRAGGLER_WINDOW_S", _DEFAULT["straggler_window_s"], 1.0, warnings),
-        warnings=tuple(warnings),
-    )
+    values = {v.field: v.read(env, v.env, warnings) for v in VARIABLES if v.field and v.read}
+    return Settings(**values, warnings=tuple(warnings))
+
+
+def value(field_name: str, env=None) -> Any:
+    """One setting, read as load() reads it, for a module that needs only it (the watchdog's store,
+    port, fan-out and py-spy); its warning, if any, is load()'s to give."""
+    row = _BY_FIELD[field_name]
+    assert row.read is not None
+    return row.read(os.environ if env is None else env, row.env, [])
 
 
 def warn_once(settings: Settings, stream=None) -> None:

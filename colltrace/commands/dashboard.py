@@ -66,9 +66,10 @@ class DashboardCommand:
         if args.stall_s is not None and args.stall_s < 0:
             raise UsageError("--stall-s must be >= 0")
         require_extra()   # the web stack is an optional extra, imported only here
+        from colltrace import config
         from colltrace_dashboard import server, sources
 
-        token = (args.token or os.environ.get("COLLTRACE_DASHBOARD_TOKEN", "")).strip() or None
+        token = (args.token or config.value("dashboard_token")).strip() or None
         # SourceError and DashboardError are ColltraceErrors: one line, exit 2
         source: sources.StoreSource | sources.FolderSource
         if args.store:

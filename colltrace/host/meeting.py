@@ -9,10 +9,10 @@ it is one the other hosts can reach; COLLTRACE_LEADER_PORT fixes the port (defau
 """
 from __future__ import annotations
 
-import os
 import socket
 from datetime import timedelta
 
+from colltrace import config
 from colltrace.host import storelink
 from colltrace.host.storelink import PREFIX, StoreError, _one_line, parse_address, quiet_c10d
 
@@ -72,10 +72,10 @@ class MeetingPoint:
         self._connect = connect   # to the job's store
         self.key = key
         self.timeout_s = timeout_s
-        want = os.environ.get("COLLTRACE_LEADER_PORT", "").strip()
+        want = config.value("leader_port")
         me = local_address_towards(job_host, job_port)
         try:
-            self.server = TCPStore(me, int(want) if want.isdigit() else 0, is_master=True,
+            self.server = TCPStore(me, want, is_master=True,
                                    timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
         except Exception as exc:
             raise StoreError(f"cannot serve the watchdogs' meeting point on {me}: {_one_line(exc)}") from None

@@ -13,8 +13,10 @@ def py_spy() -> str | None:
     the binary, or "off" never to use it (where ptrace attempts are unwelcome)."""
     import os
 
-    chosen = os.environ.get("COLLTRACE_PY_SPY", "").strip()
-    if chosen.lower() in ("off", "0", "no"):
+    from colltrace import config
+
+    chosen = config.value("py_spy")
+    if chosen == "off":
         return None
     if chosen:
         return chosen if os.path.exists(chosen) else None

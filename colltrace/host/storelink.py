@@ -33,7 +33,7 @@ import zlib
 from datetime import timedelta
 from typing import Any
 
-from colltrace import address
+from colltrace import address, config
 from colltrace.errors import ColltraceError
 from colltrace.model import finding
 from colltrace.model.finding import Finding
@@ -63,8 +63,8 @@ def address_from_env(environ=os.environ, job_store: str | None = None) -> tuple[
     WORLD_SIZE): then the trace folder is the meeting point, and the watchdog need not import
     torch to reach the store. MASTER_ADDR:MASTER_PORT only for a watchdog no rank told: in a test
     session they may be an earlier test's, while this one made a store of its own."""
-    explicit = environ.get("COLLTRACE_STORE", "").strip()
-    if explicit.lower() == "off":
+    explicit = config.value("store", environ)
+    if explicit == "off":
         return None
     if explicit:
         return parse_address(explicit)

@@ -26,6 +26,7 @@ import math
 import os
 from typing import cast
 
+from colltrace import config
 from colltrace.model import arrivals
 from colltrace.model.build import clock_offsets
 from colltrace.model.schema import ALIVE, PENDING, UNKNOWN, Snapshot
@@ -46,9 +47,9 @@ def fanout(hosts: int = 0, environ=os.environ) -> int:
     than two levels of FANOUT hold (1,057), the square root of the hosts: two levels, each parent
     a like share. A third level would add a round to every verdict, and filled breadth first it
     puts half the job under the root's first child (at 2,048 hosts: 8,448 ranks merged there)."""
-    v = environ.get("COLLTRACE_FANOUT", "").strip()
-    if v.isdigit() and int(v) >= 2:
-        return int(v)
+    given = config.value("fanout", environ)
+    if given:
+        return given
     if hosts > 1 + FANOUT + FANOUT * FANOUT:
         return math.isqrt(hosts - 2) + 1
     return FANOUT

@@ -2,6 +2,7 @@
 `colltrace run`'s flags and the defaults `Settings` holds: these tests keep the three equal."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 
@@ -13,6 +14,10 @@ from helpers.cli import env_of_run
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 # Read by the pytest plugin, documented with its own options (README, "pytest plugin").
 PLUGIN_ONLY = {"COLLTRACE_PYTEST"}
+# Defaults that are found where they are used, as the README describes them: (words, the field's default)
+DESCRIBED = {"host": ("the host name", dataclasses.MISSING), "py_spy": ("on `PATH` or beside `python`", ""),
+             "store": ("the job's TCPStore", ""), "leader_port": ("any free port", 0),
+             "fanout": ("`32`", 0), "hooks_mode": ("on", "1")}
 
 
 def test_the_readme_shows_the_table_as_config_writes_it():
@@ -39,8 +44,8 @@ def test_each_rows_default_is_what_settings_holds(v):
     default = config.Settings.__dataclass_fields__[v.field].default
     if v.field == "defs_max_bytes":
         default >>= 20                       # shown in MB, as the variable is given
-    if v.field in ("host",):                 # a default_factory: the machine's name
-        assert v.shown == "the host name"
+    if v.field in DESCRIBED:                 # a default found at run time, described
+        assert v.shown == DESCRIBED[v.field][0] and default == DESCRIBED[v.field][1]
     elif v.field in ("dashboard_token", "user_packages"):
         assert v.shown == "none" and default in ("", ())
     else:
@@ -72,3 +77,16 @@ def test_colltrace_run_has_a_flag_for_each_row_with_one_and_sets_its_variable(mo
     assert {flagged[f]: seen.get(flagged[f]) for f in values} == {
         "COLLTRACE_STALL_S": "7.0", "COLLTRACE_ON_HANG": "abort", "COLLTRACE_ABORT_STALL_S": "9.0",
         "COLLTRACE_USER_PACKAGES": "mylib", "COLLTRACE_STRAGGLER_SHARE": "0.2"}
+
+
+def test_the_watchdogs_own_variables_are_read_in_one_place_and_a_bad_one_is_said():
+    s = config.load({"COLLTRACE_PY_SPY": "No", "COLLTRACE_STORE": "OFF", "COLLTRACE_LEADER_PORT": "29600",
+                     "COLLTRACE_FANOUT": "8"})
+    assert (s.py_spy, s.store, s.leader_port, s.fanout, s.warnings) == ("off", "off", 29600, 8, ())
+    bad = config.load({"COLLTRACE_LEADER_PORT": "any", "COLLTRACE_FANOUT": "1"})
+    assert (bad.leader_port, bad.fanout) == (0, 0)
+    assert [w.split("=")[0] for w in bad.warnings] == ["COLLTRACE_LEADER_PORT", "COLLTRACE_FANOUT"]
+    assert config.value("store", {"COLLTRACE_STORE": " 10.0.0.1:29500 "}) == "10.0.0.1:29500"
+    from colltrace.host import tree
+
+    assert tree.fanout(10, {"COLLTRACE_FANOUT": "4"}) == 4 and tree.fanout(10, {}) == tree.FANOUT
