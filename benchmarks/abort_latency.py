@@ -2,8 +2,8 @@
 
     python benchmarks/abort_latency.py [--ranks 4 16] [--repeats 3]
 
-Each run is the cross-group deadlock of a checkpoint barrier and a teacher (tests/integration/jobs/scenarios.py deadlock: every
-rank but 3 in a default-group barrier, rank 3 in a gather on another group) on N gloo ranks
+Each run is the cross-group deadlock of a checkpoint barrier and a teacher (tests/integration/jobs/scenarios.py
+deadlock: every rank but 3 in a default-group barrier, rank 3 in a gather on another group) on N gloo ranks
 under torchrun, traced with COLLTRACE_ON_HANG=abort and default timeouts. For each run:
   kill:  the time colltrace ended the ranks (ended-<host>.json) minus the finding's detected_at;
   exit:  the time torchrun exited minus the finding's detected_at (what a user waits for).

@@ -95,14 +95,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         # the poller kept out of the timed blocks (it would take the GIL from them): each block's
         # marks are drained after it, timed apart
-        settings = config.load({"COLLTRACE": "1", "COLLTRACE_DIR": tmp, "COLLTRACE_PURE": "1", "COLLTRACE_POLL_S": "1000"})
+        settings = config.load({"COLLTRACE": "1", "COLLTRACE_DIR": tmp, "COLLTRACE_PURE": "1",
+                                "COLLTRACE_POLL_S": "1000"})
         rec = Recorder(settings, 0, 1, "nccl", cuda=cudamarks.CudaMarks(Runtime(), cudamarks.CaptureGate()))
         shim.recorder, shim.first_sight = rec, lambda g: ("0", "default_pg", [0], "nccl", lambda: g.seq)
         shim._c10d = types.SimpleNamespace(_world=types.SimpleNamespace(default_pg=pg, pg_coalesce_state={}))
         shim._state.settings = None
         wrapped = shim._make_c10d_wrapper("all_reduce", all_reduce)
         cpu, gpu = Tensor(False), Tensor(True)
-        routes = [("bare", lambda: all_reduce(cpu)), ("cpu tensor", lambda: wrapped(cpu)), ("cuda tensor", lambda: wrapped(gpu))]
+        routes = [("bare", lambda: all_reduce(cpu)), ("cpu tensor", lambda: wrapped(cpu)),
+                  ("cuda tensor", lambda: wrapped(gpu))]
         res: dict = {name: [] for name, _ in routes}
         res["poller, per cuda call"] = []
         for b in range(a.blocks):

@@ -69,7 +69,10 @@ def run_colltrace(scenario: str, stall_s: float, tmp: str) -> dict:
     env = dict(base_env(), COLLTRACE="1", COLLTRACE_DIR=d, COLLTRACE_ON_HANG="abort", COLLTRACE_STALL_S=str(stall_s))
     rc, err, wall = torchrun(scenario, env, timeout=300)
     path = os.path.join(d, "findings.jsonl")
-    findings = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+    findings = []
+    if os.path.exists(path):
+        with open(path) as f:
+            findings = [json.loads(line) for line in f]
     if not findings:
         return {"latency": None, "kind": None, "wall": wall, "rc": rc}
     f = findings[0]
@@ -104,9 +107,11 @@ def main() -> int:
             rows.append((scenario, runs, lat, torch_alone, detail))
             med = f"{statistics.median(lat):.2f} s" if lat else "not detected"
             print(f"{scenario:<10} colltrace: {runs[0]['kind']}, median {med} over {len(lat)}/{len(runs)} runs "
-                  f"(job ended in {statistics.median(r['wall'] for r in runs):.1f} s, exit {runs[0]['rc']})", flush=True)
+                  f"(job ended in {statistics.median(r['wall'] for r in runs):.1f} s, exit {runs[0]['rc']})",
+                  flush=True)
             print(f"{'':<10} PyTorch alone: default timeout {GLOO_DEFAULT_TIMEOUT_S} s (gloo); shortened to "
-                  f"{args.pytorch_timeout_s:.0f} s it ended after {torch_alone['wall']:.1f} s (exit {torch_alone['rc']}) "
+                  f"{args.pytorch_timeout_s:.0f} s it ended after {torch_alone['wall']:.1f} s "
+                  f"(exit {torch_alone['rc']}) "
                   f"saying: {torch_alone['said']}", flush=True)
             print(f"{'':<10} DETAIL: ended after {detail['wall']:.1f} s (exit {detail['rc']}) saying: {detail['said']}",
                   flush=True)

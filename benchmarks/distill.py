@@ -58,7 +58,10 @@ def run_bug(bug: str, tmp: str) -> dict:
     p = torchrun(["--bug", bug], env)
     wall = time.time() - t0
     path = os.path.join(d, "findings.jsonl")
-    findings = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+    findings = []
+    if os.path.exists(path):
+        with open(path) as f:
+            findings = [json.loads(line) for line in f]
     if not findings:
         return {"bug": bug, "kind": None, "latency": None, "summary": "(no finding)", "rc": p.returncode, "wall": wall}
     f = findings[0]
@@ -79,7 +82,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5, help="untraced/traced pairs for the step time (0: skip)")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--no-hooks", action="store_true",
-                    help="trace the step-time runs with COLLTRACE_HOOKS=0 (torch >= 2.14: no c10d hooks, the wrappers alone)")
+                    help="trace the step-time runs with COLLTRACE_HOOKS=0 (torch >= 2.14: no c10d hooks, "
+                         "the wrappers alone)")
     args = ap.parse_args()
     names = list(bugs.SWITCHES) if args.bugs == "all" else [b for b in args.bugs.split(",") if b]
     rows = []
@@ -111,8 +115,8 @@ def main() -> int:
         print(f"| `{r['bug']}` | `{r['kind']}` | {r['summary']} | {lat} |")
     if args.rounds:
         u, t = statistics.median(times["untraced"]), statistics.median(times["traced"])
-        print(f"\nstep time, median of {args.rounds} runs x {args.steps} steps: untraced {u:.2f} ms, traced {t:.2f} ms, "
-              f"ratio {t / u:.3f} ({100 * (t / u - 1):+.1f} %)")
+        print(f"\nstep time, median of {args.rounds} runs x {args.steps} steps: untraced {u:.2f} ms, "
+              f"traced {t:.2f} ms, ratio {t / u:.3f} ({100 * (t / u - 1):+.1f} %)")
     return 0
 
 

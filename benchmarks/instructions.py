@@ -17,8 +17,8 @@ pays too where its hooks are Python ones; traced-pyhooks minus hooks-floor is co
 and traced-nohooks (COLLTRACE_HOOKS=0: the wrappers alone, as on 2.13); on any torch where
 `colltrace build-hooks` built its C++ module (which traced and hooks use: its counter and tensor readers, and
 its c10d hooks on torch >= 2.14), traced-pyhooks (COLLTRACE_HOOKS=python: the Python route, hooks
-registered from Python and counters read through pybind); by name only, hooks-floor-cxx (torch >= 2.14; it first builds a
-torch C++ extension, so it needs a compiler and ninja): the same floor for no-op hooks registered
+registered from Python and counters read through pybind); by name only, hooks-floor-cxx (torch >= 2.14; it first
+builds a torch C++ extension, so it needs a compiler and ninja): the same floor for no-op hooks registered
 from C++, which c10d calls without taking the GIL or making Python argument objects.
 --step counts a whole DDP training step instead (world of 1: DDP's bucket all-reduce, the hook route
 on torch >= 2.14, and one metrics all_reduce through the wrapper): the share of a training step that
@@ -127,7 +127,8 @@ def count(mode: str, calls: int, tmp: str, workload: str = "allreduce") -> int:
     # sys.executable, not a launcher script (pyenv's shims are shell scripts valgrind would trace instead).
     # A step is counted on the main thread alone: colltrace's poller wakes by the clock, not by the
     # step, and under valgrind's ~50x slowdown it would be counted ~50x too often per step.
-    cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--separate-threads={'yes' if workload == 'step' else 'no'}",
+    cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+           f"--separate-threads={'yes' if workload == 'step' else 'no'}",
            f"--callgrind-out-file={out_dir}/cg.%p", sys.executable, script, mode, str(calls), workload]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
@@ -182,7 +183,10 @@ def report(figures: dict[str, float], workload: str = "allreduce") -> str:
         v = figures[mode]
         lines.append(f"  {mode:<13} {v:12,.0f}   ({v / base:6.3f}x, {v - base:+10,.0f} beyond untraced)")
     compiled = compiled_hooks()
-    lines.append(f"  traced used {'the C++ module `colltrace build-hooks` built (counter and tensor readers' + (', c10d hooks)' if hooks_here() else ')') if compiled else 'the Python route (no build-hooks build for this torch)'}")
+    used = ("the C++ module `colltrace build-hooks` built (counter and tensor readers"
+            + (", c10d hooks)" if hooks_here() else ")") if compiled
+            else "the Python route (no build-hooks build for this torch)")
+    lines.append(f"  traced used {used}")
     # c10d's toll for Python hooks (hooks-floor) is paid by the traced call that registers its hooks from Python
     py = "traced-pyhooks" if "traced-pyhooks" in figures else "traced" if not compiled else None
     if py in figures and "hooks-floor" in figures:
@@ -211,7 +215,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", type=int, help="calls in the short run (default 100; with --step, steps: 5)")
     ap.add_argument("--large", type=int, help="calls in the long run (default 500; with --step, steps: 20)")
-    ap.add_argument("--modes", nargs="+", metavar="MODE", help="run only these modes (untraced is the baseline: keep it)")
+    ap.add_argument("--modes", nargs="+", metavar="MODE",
+                    help="run only these modes (untraced is the baseline: keep it)")
     ap.add_argument("--step", action="store_true", help="count a DDP training step instead of one all_reduce")
     args = ap.parse_args()
     workload = "step" if args.step else "allreduce"

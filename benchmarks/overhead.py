@@ -156,7 +156,7 @@ def run_pair(mode: str, args, script: str, trace_dir: str) -> dict:
     procs = [subprocess.Popen(argv, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in range(2)]
     outs = [p.communicate(timeout=900) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs, strict=True):
         if p.returncode != 0 and not _exit_abort_after_results(p.returncode, err, outs[0][0]):
             raise RuntimeError(f"{mode} rank failed (exit {p.returncode}): {err.strip().splitlines()[-1:]}")
     _stop_watchdogs(trace_dir)
@@ -189,7 +189,7 @@ def paired(blocks: list, kind: str, route: str, base: str) -> tuple[float, list[
     `base` block beside it (the same processes, moments apart), their median; then the median over
     rounds. A round's level moves by ±10 % on a shared 2-core machine; a ratio of medians taken
     over rounds carries that, a paired one does not. Returns (ratio, the rounds' ratios)."""
-    rounds = [statistics.median(a / b for a, b in zip(r[kind][route], r[kind][base])) for r in blocks]
+    rounds = [statistics.median(a / b for a, b in zip(r[kind][route], r[kind][base], strict=False)) for r in blocks]
     return statistics.median(rounds), rounds
 
 

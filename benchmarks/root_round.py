@@ -75,7 +75,8 @@ def main(argv=None) -> int:
     for _ in range(4):
         others()
         root.step()
-    said = [f.kind if hasattr(f, "kind") else f.get("kind") for f in root.findings]   # a dict before findings were typed
+    # a dict before findings were typed
+    said = [f.kind if hasattr(f, "kind") else f.get("kind") for f in root.findings]
     rounds, start, cpu0 = [], time.time(), time.thread_time()
     while time.time() - start < args.hung_s:
         t = time.thread_time()

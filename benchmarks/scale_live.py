@@ -14,9 +14,9 @@ hang: every rank but one enters a world all_reduce, the missing one waits in a b
 group of two: a certain deadlock from that instant. --flat: every host publishes to the leader
 directly (the exchange before the tree: fanout larger than the job). --compare: the flat exchange
 first, then the tree, in one run (the last line is the tree's).
-SCALE_LIVE_PROFILE=FILE: the leader's cProfile stats (CPU time, over the measured window) into FILE; SCALE_LIVE_PROFILE_WORKERS=PREFIX:
-each worker's, from the hang on, into PREFIX.PID; SCALE_LIVE_TRACE=1: the leader's rounds from the
-hang to the verdict, one line each on stderr.
+SCALE_LIVE_PROFILE=FILE: the leader's cProfile stats (CPU time, over the measured window) into FILE;
+SCALE_LIVE_PROFILE_WORKERS=PREFIX: each worker's, from the hang on, into PREFIX.PID; SCALE_LIVE_TRACE=1: the
+leader's rounds from the hang to the verdict, one line each on stderr.
 Last line, exactly:
     scale: N ranks as H hosts: verdict X.XX s after the hang, root CPU Y% of a core, Z MB/s
 (root CPU: the leader's process, its store server included, from the hang until AFTER_S after
@@ -97,10 +97,9 @@ def worker(indices, ranks, fan, port, t0, hang_at, ready, done, results, period)
                 wd.step()
             except Exception as exc:  # a host's bad round is said, the others go on
                 print(f"scale_live: host {wd.node.index}: {exc!r}", file=sys.stderr)
-        if first:
-            if all(wd.store.link is not None or wd.store.took_over for wd in wds):
-                first = False
-                ready.put(len(wds))
+        if first and all(wd.store.link is not None or wd.store.took_over for wd in wds):
+            first = False
+            ready.put(len(wds))
         if base is not None:
             rounds.append(time.time() - start)
         time.sleep(max(0.0, period - (time.time() - start)))
@@ -133,7 +132,8 @@ def _trace_round(wd, view, since_hang: float, took: float, new: list) -> None:
         ids = last[1][2]
         prev = getattr(_trace_round, "ids", ())
         _trace_round.ids = ids
-        judged = f"{judged} ({sum(1 for a, b in zip(ids, prev) if a != b)} of {len(ids)} tables new, at {last[0] % 100:.2f})"
+        judged = (f"{judged} ({sum(1 for a, b in zip(ids, prev, strict=False) if a != b)} of {len(ids)} tables new, "
+                  f"at {last[0] % 100:.2f})")
     print(f"scale_live: root +{since_hang:.2f} s, round {took * 1000:.0f} ms: {len(ranks)} ranks, {full} in full, "
           f"asked {sorted(wd.store.suspected_groups)}, judged {judged}, new {[f.kind for f in new]}",
           file=sys.stderr, flush=True)

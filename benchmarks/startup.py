@@ -51,7 +51,8 @@ def main() -> int:
             times[mode].append((time.perf_counter() - t) * 1e3)
     off, on = statistics.median(times["off"]), statistics.median(times["on"])
     print(f"python -c pass, COLLTRACE unset: median {off:.1f} ms")
-    print(f"python -c pass, COLLTRACE=1:     median {on:.1f} ms  (+{on - off:.1f} ms: imports colltrace._boot, no torch)")
+    print(f"python -c pass, COLLTRACE=1:     median {on:.1f} ms  "
+          f"(+{on - off:.1f} ms: imports colltrace._boot, no torch)")
     return 0
 
 

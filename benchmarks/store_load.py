@@ -144,7 +144,8 @@ def main(argv=None) -> int:
     size = statistics.median(len(e[0]) for e in encoded)
     gsize = statistics.median(len(e[1]) for e in encoded)
     print(f"{args.ranks} ranks as {nodes} nodes x {args.per_node}; {args.seconds:.0f} s; one store server; "
-          f"{'every summary changing (healthy job)' if args.changing else 'summaries unchanged but for the beat (hung job)'}")
+          + ("every summary changing (healthy job)" if args.changing
+             else "summaries unchanged but for the beat (hung job)"))
     print(f"node summary: median {size / 1024:.1f} KiB compressed ({size / args.per_node / 1024:.2f} KiB per rank), "
           f"built in {build_ms:.1f} ms per node (compact + encode); its group table {gsize / 1024:.1f} KiB, "
           f"written once")

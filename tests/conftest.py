@@ -70,7 +70,8 @@ class Job:
                 self.kill()
                 out, err = p.communicate()
                 self.outputs[rank] = (out, err)
-                raise AssertionError(f"rank {rank} still running after {timeout} s; stderr:\n{err[-3000:]}\n{stacks}")
+                raise AssertionError(
+                    f"rank {rank} still running after {timeout} s; stderr:\n{err[-3000:]}\n{stacks}") from None
             self.outputs[rank] = (out, err)
             codes.append(p.returncode)
         for rank, code in enumerate(codes):
@@ -129,7 +130,8 @@ def _job_starter(tmp_path):
         base = {k: v.replace("{store}", f"127.0.0.1:{store.port}") for k, v in base.items()}   # the job's store
         path = script if os.path.isabs(script) else os.path.join(JOBS, script)
         procs = [subprocess.Popen([sys.executable, path, *map(str, args)],
-                                  env={**base, "RANK": str(r), "LOCAL_RANK": str(r), **(rank_env(r) if rank_env else {})},
+                                  env={**base, "RANK": str(r), "LOCAL_RANK": str(r),
+                                       **(rank_env(r) if rank_env else {})},
                                   stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
                  for r in range(nprocs)]
@@ -181,7 +183,8 @@ class TorchrunJob:
             stacks = stacks_of([self.proc.pid])
             _kill_tree(self.proc.pid)
             self.out, self.err = self.proc.communicate()
-            raise AssertionError(f"torchrun still running after {timeout} s; stderr:\n{self.err[-4000:]}\n{stacks}")
+            raise AssertionError(
+                f"torchrun still running after {timeout} s; stderr:\n{self.err[-4000:]}\n{stacks}") from None
         # torchrun's failure table names the rank that died first ("rank : 1 ... exitcode : -6")
         for m in re.finditer(r"rank\s*:\s*(\d+)[^\n]*\n[^\n]*exitcode\s*:\s*(-?\d+)", self.err):
             _exit_abort(int(m.group(1)), int(m.group(2)), self.err, f" of a {'traced' if self.traced else 'plain'} job")

@@ -43,8 +43,8 @@ class CheckpointManager:
     def folders(self) -> list[Path]:
         if not self.root.exists():
             return []
-        return sorted((p for p in self.root.iterdir() if p.name.startswith("step_") and (p / "train_state.json").exists()),
-                      key=lambda p: int(p.name[5:]))
+        return sorted((p for p in self.root.iterdir() if p.name.startswith("step_")
+                       and (p / "train_state.json").exists()), key=lambda p: int(p.name[5:]))
 
     def save(self, model, optimizer, step: int, extra: dict | None = None) -> Path:
         path = self.instantiate_and_make_dir(self.root / f"step_{step:06d}")

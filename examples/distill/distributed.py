@@ -63,7 +63,7 @@ class InterProcessComm:
             dist.scatter(out, None, src=self.teacher_rank, group=self.ipc_group)
             return out
         parts = [None] * self.world_size
-        for r, x in zip(self.training_ranks, logits):
+        for r, x in zip(self.training_ranks, logits, strict=False):
             parts[r] = x.contiguous()
         parts[self.teacher_rank] = out
         dist.scatter(out, parts, src=self.teacher_rank, group=self.ipc_group)
@@ -91,7 +91,7 @@ def dist_mean_dict(metrics: dict, ipc: InterProcessComm) -> dict:
     values = torch.tensor([float(v) for v in metrics.values()])
     group = None if bugs.on("metrics_default_group") else ipc.train_group
     dist.all_reduce(values, group=group)  # bug: metrics_default_group
-    return {k: v / len(ipc.training_ranks) for k, v in zip(metrics, values.tolist())}
+    return {k: v / len(ipc.training_ranks) for k, v in zip(metrics, values.tolist(), strict=True)}
 
 
 def agree_on_flag(flag: bool, ipc: InterProcessComm) -> bool:

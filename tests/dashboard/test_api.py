@@ -87,7 +87,8 @@ def test_page_shows_the_verdict_first_and_is_locked_down(recorded):
     html = r.text
     paragraph = view["findings"][0]["paragraph"]
     assert paragraph in html_mod.unescape(html)
-    assert html.index('id="verdict"') < html.index('id="ranks"') < html.index('id="groups"') < html.index('id="timeline"')
+    assert (html.index('id="verdict"') < html.index('id="ranks"') < html.index('id="groups"')
+            < html.index('id="timeline"'))
     csp = r.headers["content-security-policy"]
     assert "script-src 'self'" in csp and "unsafe-inline" not in csp
     assert r.headers["x-content-type-options"] == "nosniff"
@@ -124,7 +125,8 @@ def test_read_only_and_no_path_reaches_the_filesystem(recorded):
             r = c.get(probe)
             assert r.status_code in (404, 422), (probe, r.status_code)
             assert "import" not in r.text and "rank-0000" not in r.text
-    methods = {m for route in create_app(FolderSource(recorded["deadlock"])).routes for m in getattr(route, "methods", ())}
+    methods = {m for route in create_app(FolderSource(recorded["deadlock"])).routes
+               for m in getattr(route, "methods", ())}
     assert methods <= {"GET", "HEAD"}
 
 
@@ -287,5 +289,6 @@ def test_a_rank_dead_in_native_code_shows_every_native_frame():
     assert n["frames"][0] == "#0 libc.so.6 (memset+0x1c)  /usr/lib/libc.so.6" and len(n["frames"]) == len(NATIVE)
     assert "in libtorch_cpu.so (at::native::fill_" in f["paragraph"]
     rows = {r["ranks"]: r for r in view["ranks"]["classes"]}
-    assert rows["1"]["ending"].startswith("died of SIGSEGV (an uncaught std::runtime_error: bad shape) in libtorch_cpu.so")
+    assert rows["1"]["ending"].startswith(
+        "died of SIGSEGV (an uncaught std::runtime_error: bad shape) in libtorch_cpu.so")
     assert html_mod.escape("#1 libtorch_cpu.so (at::native::fill_(at::Tensor&, c10::Scalar const&)+0x2a0)") in page

@@ -96,7 +96,7 @@ def test_the_folder_colltrace_run_makes_serves_its_newest_run(spawn, recorded, t
     p = spawn(colltrace_cmd("dashboard", out_dir, "--port", "0"))
     url = p.wait_for(r"dashboard for .* at (http://127\.0\.0\.1:\d+/)", timeout=60).group(1)
     assert httpx.get(url + "api/view", timeout=10).json()["verdict"]["problems"] == 1   # the newest: the deadlock
-    said = [l for l in p.output().splitlines() if "newest" in l]
+    said = [line for line in p.output().splitlines() if "newest" in line]
     assert len(said) == 1 and str(out_dir / "run-20261125-101500") in said[0], p.output()
     p.popen.send_signal(signal.SIGINT)
     assert p.popen.wait(timeout=20) in (0, 130)

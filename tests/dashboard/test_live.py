@@ -97,7 +97,10 @@ def test_from_the_live_folder(hung):
         check_stall_view(first)
         time.sleep(1.5)
         later = c.get("/api/view").json()
-    waited = lambda v: next(r for r in v["ranks"]["classes"] if r["ranks"] == "0-2")["waiting_s"][0]
+
+    def waited(v):
+        return next(r for r in v["ranks"]["classes"] if r["ranks"] == "0-2")["waiting_s"][0]
+
     assert waited(later) >= waited(first) + 1.0          # live: the wait keeps growing
     beat = next(r for r in later["ranks"]["classes"] if r["ranks"] == "0-2")["heartbeat_age_s"][1]
     assert beat < 5.0                                     # the hung ranks' recorders still beat

@@ -37,8 +37,10 @@ def test_metrics_of_a_recorded_deadlock(recorded):
                if rec["state"] == "completed" and rec["op"] != "untraced")
     assert sum(m["colltrace_collective_duration_seconds_count"].values()) == done
     for tr in reader.load_traces(recorded["deadlock"]):
-        last = max(t for rec in tr.all_records() for t in (rec["entered_at"], rec["returned_at"], rec["completed_at"]) if t)
-        assert abs(m["colltrace_rank_last_progress_timestamp_seconds"][frozenset({("rank", str(tr.rank))})] - last) < 1e-3
+        last = max(t for rec in tr.all_records() for t in (rec["entered_at"], rec["returned_at"], rec["completed_at"])
+                   if t)
+        assert abs(m["colltrace_rank_last_progress_timestamp_seconds"][frozenset({("rank", str(tr.rank))})]
+                   - last) < 1e-3
 
 
 def _reading(snap, findings=()):

@@ -94,7 +94,7 @@ def test_ranks_that_feed_equal_data_on_purpose_are_not_named(torchrun_job, wrap,
         if mode == "zeros":
             assert {d for _, d in pairs} == {None}   # one byte value: nothing to tell ranks apart by
     if mode != "zeros":
-        assert all(a[1] != b[1] for a, b in zip(steps["0"], steps["1"]))   # compared, and different
+        assert all(a[1] != b[1] for a, b in zip(steps["0"], steps["1"], strict=True))   # compared, and different
 
 
 def test_a_model_fed_tensors_colltrace_does_not_read_is_judged_by_its_loaders_batches(torchrun_job):

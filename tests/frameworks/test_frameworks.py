@@ -55,7 +55,8 @@ def test_a_hang_in_the_users_code_is_named_by_the_users_line_first(torchrun_job,
     # the verdict, its advice and rank 0's stack class all start at the user's own line ...
     assert first_location(f["summary"]) == mine, f["summary"]
     assert f["advice"].startswith(f"Look first at {mine}"), f["advice"]
-    assert f"{mine} ({'log_metrics' if marker == 'acc_gather' else 'main' if script.startswith('acc') else 'training_step'}) calling {api}" in f["advice"]
+    func = 'log_metrics' if marker == 'acc_gather' else 'main' if script.startswith('acc') else 'training_step'
+    assert f"{mine} ({func}) calling {api}" in f["advice"]
     # ... on the rank that left its pattern, not on the one doing its routine step
     assert f["look_first"]["rank"] == 0 and f["look_first"]["reason"] in ("left", "new"), f["look_first"]
     frames = f["ranks"]["0"]["frames"]   # the facts point at the frames the text names
@@ -65,5 +66,6 @@ def test_a_hang_in_the_users_code_is_named_by_the_users_line_first(torchrun_job,
     assert "rank 0 calls" in f["advice"]
     text = job.err
     assert f"Look first at {mine}" in text
-    classes = [line for line in open(os.path.join(job.dir, "report.txt")).read().splitlines() if line.strip().startswith("rank 0:")]
+    with open(os.path.join(job.dir, "report.txt")) as report:
+        classes = [line for line in report.read().splitlines() if line.strip().startswith("rank 0:")]
     assert classes and mine in classes[0] and api in classes[0], classes

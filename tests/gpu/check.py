@@ -171,7 +171,8 @@ class Check:
         shutil.copy(os.path.join(REPO, "colltrace.pth"), self.site)
         with open(os.path.join(self.site, "sitecustomize.py"), "w") as f:
             f.write("import os, site\nsite.addsitedir(os.path.dirname(os.path.abspath(__file__)))\n")
-        self.pythonpath = os.pathsep.join([REPO, self.site] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+        self.pythonpath = os.pathsep.join([REPO, self.site]
+                                          + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
     # -- output -----------------------------------------------------------------------
     def log(self, text: str) -> None:
@@ -297,7 +298,8 @@ print("FACTS " + json.dumps(out))
         built = self.build_fastpath()
         seen["fastpath_build"] = built
         try:
-            p = subprocess.run([sys.executable, "-c", code], env=self.env(traced=False), capture_output=True, text=True, timeout=60)
+            p = subprocess.run([sys.executable, "-c", code], env=self.env(traced=False), capture_output=True, text=True,
+                               timeout=60)
             self.log(p.stdout + p.stderr)
             line = [x for x in p.stdout.splitlines() if x.startswith("FACTS ")]
             seen.update(json.loads(line[-1][6:]) if line else {"error": p.stderr[-2000:]})
@@ -321,8 +323,9 @@ print("FACTS " + json.dumps(out))
         if cc is None or not os.path.exists(os.path.join(include, "Python.h")):
             return "no compiler or no Python.h: the Python wrappers"
         try:
-            p = subprocess.run([cc, "-O2", "-shared", "-fPIC", f"-I{include}", os.path.join(REPO, "colltrace", "rank", "_fastpath.c"),
-                                "-o", target], capture_output=True, text=True, timeout=120)
+            p = subprocess.run([cc, "-O2", "-shared", "-fPIC", f"-I{include}",
+                                os.path.join(REPO, "colltrace", "rank", "_fastpath.c"), "-o", target],
+                               capture_output=True, text=True, timeout=120)
         except subprocess.TimeoutExpired:
             return "compile timed out"
         return "built" if p.returncode == 0 else f"compile failed: {p.stderr[-300:]}"
@@ -342,13 +345,14 @@ print("FACTS " + json.dumps(out))
         seen = {"exit": codes, "dumps": facts.get("dumps"), "answer_error": facts.get("answer_error"),
                 "answer_seqs": sorted(s for _, s in mine), "counter": counter, "routes": facts.get("routes"),
                 "records": [(r["op"], r["seq"], r["state"]) for r in recs], "torch_dump_records": len(dump_recs)}
-        ok = (codes == [0, 0] and facts.get("answer_error") is None and bool(mine) and max(s for _, s in mine) == counter
+        ok = (codes == [0, 0] and facts.get("answer_error") is None and bool(mine)
+              and max(s for _, s in mine) == counter
               and all(r["state"] == "completed" for r in recs) and len(dump_recs) >= 9)
         if self.cuda:
             ok = ok and (facts.get("dumps") or {}).get("_dump_nccl_trace_json", 0) >= 9
-        self.result("B1", ok, "colltrace's Flight Recorder answer names group 0's collectives up to the backend's counter "
-                    "(NCCL's recorder holds >= 9 entries; gloo's holds none of them); every record completed; torch's own "
-                    "dump read back with >= 9 records", seen, t)
+        self.result("B1", ok, "colltrace's Flight Recorder answer names group 0's collectives up to the backend's "
+                    "counter (NCCL's recorder holds >= 9 entries; gloo's holds none of them); every record completed; "
+                    "torch's own dump read back with >= 9 records", seen, t)
 
         t = time.time()
         job = self.start("B-mixed", "mixed", n=2)
@@ -367,8 +371,8 @@ print("FACTS " + json.dumps(out))
         seen = {"exit": codes, "backend": facts.get("backend"), "counters": facts.get("counters"), "records": got,
                 "analyze_exit": rc, "untraced": [r for r in recs if r["op"] == "untraced"][:3]}
         ok = codes == [0, 0] and got == want and rc == 0 and not seen["untraced"]
-        self.result("B2", ok, f"a group of two backends: each numbers its own ops ({want}), no untraced gaps, no finding",
-                    seen, t)
+        self.result("B2", ok, f"a group of two backends: each numbers its own ops ({want}), no untraced gaps, "
+                    "no finding", seen, t)
 
     def _runahead(self, step: str, shape: str, expect: str, judge):
         t = time.time()
@@ -385,7 +389,8 @@ print("FACTS " + json.dumps(out))
         self.finish(job)
         hangs = [f for f in found if f.get("kind") in HANGS]
         seen = {"ready": ready is not None, "findings": [brief(f) for f in found],
-                "first_after_ready_s": None if not hangs or ready is None else round(hangs[0].get("detected_at", first_at) - ready, 2),
+                "first_after_ready_s": (None if not hangs or ready is None
+                                        else round(hangs[0].get("detected_at", first_at) - ready, 2)),
                 "lines": {k: LINES[k] for k in ("A", "B", "C", "r3_gather")}}
         ok = ready is not None and seen["first_after_ready_s"] is not None and judge(hangs, seen)
         self.result(step, ok, expect, seen, t)
@@ -397,31 +402,33 @@ print("FACTS " + json.dumps(out))
             names_c = any(LINES["C"] in lines_of(f, 0) and LINES["A"] not in lines_of(f, 0) for f in hangs)
             return bool(hangs) and at_a and not names_c and len(hangs) == 1 and seen["first_after_ready_s"] <= 3
         self._runahead("C1", "cross", "one finding, within ~1 s of the last rank parking: ranks 0-2 at the stuck "
-                       "all_reduce A (not C, the later object collective they block in), rank 3 in its gather on the other group",
-                       judge)
+                       "all_reduce A (not C, the later object collective they block in), rank 3 in its gather on the "
+                       "other group", judge)
 
     def step_C2(self):
         def judge(hangs, seen):
             return (len(hangs) == 1 and all(LINES["A"] in lines_of(hangs[0], r) for r in (0, 1, 2))
                     and 3 in (hangs[0].get("missing_ranks") or []) and seen["first_after_ready_s"] <= STALL_S + 3)
-        self._runahead("C2", "absent", f"one stall ~{STALL_S:.0f} s after the ranks park: ranks 0-2 at A, rank 3 missing; "
-                       "nothing of its own for B (queued behind A)", judge)
+        self._runahead("C2", "absent", f"one stall ~{STALL_S:.0f} s after the ranks park: ranks 0-2 at A, "
+                       "rank 3 missing; nothing of its own for B (queued behind A)", judge)
 
     def step_C3(self):
         def judge(hangs, seen):
             first = hangs[0] if hangs else {}
-            return (len(hangs) == 1 and first.get("kind") == "mismatch" and all(LINES["A"] in lines_of(first, r) for r in (0, 1, 2))
+            return (len(hangs) == 1 and first.get("kind") == "mismatch"
+                    and all(LINES["A"] in lines_of(first, r) for r in (0, 1, 2))
                     and LINES["r3_gather"] in lines_of(first, 3) and seen["first_after_ready_s"] <= 3)
-        self._runahead("C3", "same", "one mismatch within ~1 s: all_reduce A on ranks 0-2 against rank 3's gather at the same "
-                       "number; no stall for B", judge)
+        self._runahead("C3", "same", "one mismatch within ~1 s: all_reduce A on ranks 0-2 against rank 3's gather "
+                       "at the same number; no stall for B", judge)
 
     def step_D(self):
         t = time.time()
         prefix = os.path.join(self.work, "D-dumps", "fr_")   # NCCL's own dump on its timeout (both names torch used)
         os.makedirs(os.path.dirname(prefix))
         self.dirs.append(os.path.dirname(prefix))
-        env = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-               "TORCH_FR_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix, "TORCH_FR_DUMP_TEMP_FILE": prefix,
+        env = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_FR_BUFFER_SIZE": "2000",
+               "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_ON_TIMEOUT": "1",
+               "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix, "TORCH_FR_DUMP_TEMP_FILE": prefix,
                "COLLTRACE_ON_HANG": "warn"}
         job = self.start("D-timeout", "timeout", n=2, env=env)
         job.watch(lambda j: not j.alive(), 50)
@@ -438,15 +445,17 @@ print("FACTS " + json.dumps(out))
         dumps = sorted(glob.glob(prefix + "*"))
         fr_rc = self.cli("analyze", os.path.dirname(prefix), "--json")[0] if dumps else None
         seen = {"exits": ended, "analyze_exit": rc, "findings": [brief(f) for f in fs],
-                "stuck_record": [(r["op"], r["state"], r.get("error")) for r in stuck], "nccl_dumps": [os.path.basename(p) for p in dumps],
+                "stuck_record": [(r["op"], r["state"], r.get("error")) for r in stuck],
+                "nccl_dumps": [os.path.basename(p) for p in dumps],
                 "fr_analyze_exit": fr_rc}
         first = fs[0] if fs else {}
         ok = (None not in ended and rc == 1 and first.get("kind") in ("stall", "deadlock", "mismatch")
               and LINES["stuck"] in lines_of(first, 0) and LINES["stuck_other"] in lines_of(first, 1)
               and bool(stuck) and all(r["state"] != "completed" for r in stuck))
-        self.result("D", ok, "both ranks end of the backend's timeout (NCCL: its watchdog's abort); `analyze` afterwards exits 1 "
-                    "naming the hang first (rank 0's all_reduce on the default group, rank 1's on the other), the endings as "
-                    "its consequence; the timed-out all_reduce is not 'completed' in `dump`", seen, t)
+        self.result("D", ok, "both ranks end of the backend's timeout (NCCL: its watchdog's abort); `analyze` "
+                    "afterwards exits 1 naming the hang first (rank 0's all_reduce on the default group, rank 1's on "
+                    "the other), the endings as its consequence; the timed-out all_reduce is not 'completed' in `dump`",
+                    seen, t)
 
     def step_E(self):
         t = time.time()
@@ -464,12 +473,14 @@ print("FACTS " + json.dumps(out))
             captured = [r for r in recs if r.get("captured")]
             eager = [r for r in recs if not r.get("captured") and r["op"] != "untraced"]
             seen[name] = {"exit": code, "graph_ok": g.get("ok"), "captured": len(captured),
-                          "eager_states": sorted({r["state"] for r in eager}), "error": job.err(0)[-400:] if code else None}
+                          "eager_states": sorted({r["state"] for r in eager}),
+                          "error": job.err(0)[-400:] if code else None}
             ok = ok and code == 0 and g.get("ok") is True
             if traced:
                 ok = ok and len(captured) == 200 and seen[name]["eager_states"] == ["completed"]
-        self.result("E", ok, "every capture succeeds and replays right, traced as untraced (no CUDA call from colltrace's "
-                    "threads during a global-mode capture); 200 captured records, every eager one completed", seen, t)
+        self.result("E", ok, "every capture succeeds and replays right, traced as untraced (no CUDA call from "
+                    "colltrace's threads during a global-mode capture); 200 captured records, every eager one "
+                    "completed", seen, t)
 
     def step_F(self):
         t = time.time()
@@ -479,16 +490,18 @@ print("FACTS " + json.dumps(out))
         facts = job.tagged(0, "NOSYNC") or {}
         seen = {"exit": code, **facts}
         try:
-            p = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "cuda_path.py"), "--blocks", "9", "--calls", "1000"],
+            p = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "cuda_path.py"), "--blocks", "9",
+                                "--calls", "1000"],
                                env=self.env(traced=False), capture_output=True, text=True, timeout=90)
-            seen["cpu_side_stand_in"] = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else p.stderr[-300:]
+            seen["cpu_side_stand_in"] = (json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0
+                                         else p.stderr[-300:])
         except (subprocess.TimeoutExpired, ValueError, IndexError) as exc:
             seen["cpu_side_stand_in"] = repr(exc)
         ok = code == 0 and facts.get("pending_marks") == 0
         if self.cuda:
             ok = ok and facts.get("busy") is True
-        self.result("F", ok, "the GPU still busy after 600 traced calls were enqueued behind a long kernel (no host sync "
-                    "added); every mark drained; the cost per call traced vs untraced, as measured", seen, t)
+        self.result("F", ok, "the GPU still busy after 600 traced calls were enqueued behind a long kernel (no host "
+                    "sync added); every mark drained; the cost per call traced vs untraced, as measured", seen, t)
 
     def step_G(self):
         t = time.time()
@@ -500,16 +513,16 @@ print("FACTS " + json.dumps(out))
         rc, _ = self.cli("analyze", job.dir, "--json")
         seen = {"exit": codes, "findings": [brief(f) for f in found], "analyze_exit": rc}
         ok = codes == [0, 0] and not found and rc == 0
-        self.result("G", ok, "a healthy job (functional all_reduces on a tp group, waited, then only default-group work "
-                    "past the stall threshold): no finding, exit 0 everywhere", seen, t)
+        self.result("G", ok, "a healthy job (functional all_reduces on a tp group, waited, then only default-group "
+                    "work past the stall threshold): no finding, exit 0 everywhere", seen, t)
 
     def step_H(self):
         t = time.time()
         if self.left() < 120:
             self.result("H", None, "tests/gpu pass", {}, t, f"skipped: {self.left():.0f} s of the budget left")
             return
-        cmd = [sys.executable, "-m", "pytest", os.path.join(REPO, "tests", "gpu"), "-o", "addopts=", "-p", "no:cacheprovider",
-               "-q", "-rfEs", "--timeout", "100"]
+        cmd = [sys.executable, "-m", "pytest", os.path.join(REPO, "tests", "gpu"), "-o", "addopts=",
+               "-p", "no:cacheprovider", "-q", "-rfEs", "--timeout", "100"]
         try:
             p = subprocess.run(cmd, env=self.env(traced=False), cwd=REPO, capture_output=True, text=True,
                                timeout=max(60, self.left() - 20))
@@ -518,7 +531,8 @@ print("FACTS " + json.dumps(out))
             rc, text = -1, f"timed out\n{exc.stdout or ''}"
         self.log(f"--- pytest tests/gpu: exit {rc}\n{text[-8000:]}")
         tail = [line for line in text.splitlines() if re.search(r"\d+ (passed|failed|skipped|error)", line)]
-        self.result("H", rc == 0, "python3 -m pytest tests/gpu passes", {"exit": rc, "summary": tail[-1:] if tail else text[-300:]}, t)
+        self.result("H", rc == 0, "python3 -m pytest tests/gpu passes",
+                    {"exit": rc, "summary": tail[-1:] if tail else text[-300:]}, t)
 
     def pack(self) -> None:
         with tarfile.open(os.path.join(self.out, "traces.tgz"), "w:gz") as tar:
@@ -542,7 +556,8 @@ STEPS = ("A", "B", "C1", "C2", "C3", "D", "E", "F", "G", "H")
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="comma-separated steps (default: all)")
-    ap.add_argument("--budget", type=float, default=460.0, help="seconds for the whole check; H runs only if 120 are left")
+    ap.add_argument("--budget", type=float, default=460.0,
+                    help="seconds for the whole check; H runs only if 120 are left")
     a = ap.parse_args()
     out = os.environ.get("OUT") or tempfile.mkdtemp(prefix="colltrace-gpu-out-")
     os.makedirs(out, exist_ok=True)
@@ -552,7 +567,8 @@ def main() -> int:
     except Exception:
         cuda = False
     check = Check(out, a.budget, cuda)
-    print(f"colltrace GPU check: {'CUDA' if cuda else 'no CUDA (dry run: gloo/CPU forms)'}; results in {out}", flush=True)
+    print(f"colltrace GPU check: {'CUDA' if cuda else 'no CUDA (dry run: gloo/CPU forms)'}; results in {out}",
+          flush=True)
     only = [s.strip() for s in a.only.split(",") if s.strip()] or list(STEPS)
     for step in STEPS:
         if step not in only:

@@ -26,7 +26,8 @@ def _root_conftest():
     """tests/conftest.py as a module of its own name (both conftest files are called conftest)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("colltrace_tests_root_conftest", os.path.join(REPO, "tests", "conftest.py"))
+    spec = importlib.util.spec_from_file_location("colltrace_tests_root_conftest",
+                                                  os.path.join(REPO, "tests", "conftest.py"))
     module = sys.modules.get(spec.name)
     if module is None:
         module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)   # its dataclasses need it there
@@ -79,7 +80,8 @@ class Proc:
             m = rx.search(line)
             if m:
                 return m
-        raise AssertionError(f"no line matching {pattern!r} within {timeout} s; output:\n" + "\n".join(self.lines[-60:]))
+        raise AssertionError(f"no line matching {pattern!r} within {timeout} s; output:\n"
+                             + "\n".join(self.lines[-60:]))
 
     def output(self) -> str:
         while not self._q.empty():

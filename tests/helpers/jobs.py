@@ -82,7 +82,8 @@ def wait_finding(job, kind: str, timeout: float = 60.0, shown_rank: int = 0) -> 
 def internal_errors_with_results_unchanged(traced, plain, ranks=(0, 1), timeout: float = 90) -> dict[int, list[str]]:
     """The same job run traced and untraced: both end cleanly and every rank prints the same RESULT
     lines (colltrace changed nothing). Returns each traced rank's "colltrace: internal error" lines."""
-    assert traced.wait(timeout) == [0] * len(ranks) and plain.wait(timeout) == [0] * len(ranks), traced.stderr(0)[-3000:]
+    assert (traced.wait(timeout) == [0] * len(ranks)
+            and plain.wait(timeout) == [0] * len(ranks)), traced.stderr(0)[-3000:]
     errors = {}
     for r in ranks:
         result = [line for line in traced.stdout(r).splitlines() if line.startswith("RESULT")]

@@ -9,7 +9,8 @@ NATIVE = [{"object": "libc.so.6", "symbol": "memset", "offset": "0x1c", "path": 
           {"object": "libffi.so.8", "symbol": "ffi_call", "offset": "0xcd", "path": "/usr/lib/libffi.so.8"},
           {"object": "libpython3.11.so.1.0", "symbol": "_PyEval_EvalFrameDefault", "offset": "0x2e53",
            "path": "/usr/lib/libpython3.11.so.1.0"}]
-STACK = [{"file": "/job/train.py", "line": 12, "func": "main"}, {"file": "/job/model.py", "line": 44, "func": "fused_mlp"}]
+STACK = [{"file": "/job/train.py", "line": 12, "func": "main"},
+         {"file": "/job/model.py", "line": 44, "func": "fused_mlp"}]
 
 
 def _record(rank, seq, op, state, t):

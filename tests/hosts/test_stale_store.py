@@ -43,9 +43,9 @@ def run(gloo_job, tmp_path, kind: str, env: dict):
 
 def extra_lines(traced, plain) -> list[str]:
     """The traced job's stderr lines an untraced run of it did not print."""
-    seen = [l for r in range(2) for l in plain.stderr(r).splitlines()]
+    seen = [line for r in range(2) for line in plain.stderr(r).splitlines()]
     out = []
-    for line in (l for r in range(2) for l in traced.stderr(r).splitlines()):
+    for line in (said for r in range(2) for said in traced.stderr(r).splitlines()):
         if line in seen:
             seen.remove(line)
         else:
@@ -70,7 +70,7 @@ def test_a_store_asked_for_that_cannot_be_reached_costs_one_line_and_no_c10d_tex
     plain, job = run(gloo_job, tmp_path, "file", env)
     assert [job.stdout(r) for r in range(2)] == [plain.stdout(r) for r in range(2)]
     extra = extra_lines(job, plain)
-    assert len(extra) <= 1 and all(l.startswith("colltrace: warning:") for l in extra), extra
+    assert len(extra) <= 1 and all(line.startswith("colltrace: warning:") for line in extra), extra
 
 
 def test_a_pytorch_test_session_with_an_earlier_tests_master_port_prints_what_it_prints_untraced(tmp_path):
@@ -79,8 +79,8 @@ def test_a_pytorch_test_session_with_an_earlier_tests_master_port_prints_what_it
     from helpers.jobs import JOBS
     from helpers.procs import kill_all
 
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("COLLTRACE", "MASTER_", "TORCHELASTIC", "WORLD_SIZE",
-                                                                    "LOCAL_WORLD_SIZE"))}
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("COLLTRACE", "MASTER_", "TORCHELASTIC", "WORLD_SIZE", "LOCAL_WORLD_SIZE"))}
     base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(dead_port()), OMP_NUM_THREADS="1")
 
     def start(traced: bool):

@@ -67,7 +67,7 @@ def test_an_unreachable_store_costs_one_warning_and_the_host_is_still_watched(gl
         time.sleep(0.1)
     stop.set()
     thread.join(30)
-    lines = [l for l in stream.getvalue().splitlines() if "cannot reach" in l]
+    lines = [line for line in stream.getvalue().splitlines() if "cannot reach" in line]
     assert first_failure and len(lines) == 1 and lines[0].startswith("colltrace: warning:"), stream.getvalue()
     assert "still watched" in lines[0]
     # In a job: this host's ranks are judged all the same, the deadlock named.
@@ -126,6 +126,7 @@ def test_the_jobs_store_is_left_as_untraced_and_nothing_is_said(gloo_job, tmp_pa
     jobs = [start(False), start(True)]   # side by side: each has its own store
     untraced, traced = run(*jobs[0]), run(*jobs[1])
     assert traced[:2] == untraced[:2]
-    lines = [l for text in traced[2] for l in text.splitlines() if "colltrace" in l.lower() or "pipe" in l.lower()]
+    lines = [line for text in traced[2] for line in text.splitlines()
+             if "colltrace" in line.lower() or "pipe" in line.lower()]
     assert lines == []
     assert all(text.count("DONE") == 1 for text in traced[2])

@@ -95,7 +95,8 @@ class Hosts:
         deadline = time.time() + timeout
         while not cond():
             assert time.time() < deadline and self._next(deadline) != "timeout", \
-                f"not reached in {timeout} s: fresh {sorted(self.fresh)}, copied {sorted(self.copied)}, said {self.said}"
+                (f"not reached in {timeout} s: fresh {sorted(self.fresh)}, copied {sorted(self.copied)}, "
+                 f"said {self.said}")
 
     def close(self):
         self.stop.value = 1
@@ -174,6 +175,6 @@ def test_a_late_rank_of_a_job_judged_from_vitals_is_named_live_from_the_hosts_di
     h = hosts()
     h.start(1, 2, 3, 4, 5, late={37: 0.040}, env={"COLLTRACE_STRAGGLER_WINDOW_S": "2"})
     h.until(lambda: "straggler: rank" in h.said.get(1, ""), timeout=60)
-    lines = [l for t in h.said.values() for l in t.splitlines() if "straggler" in l]
+    lines = [line for t in h.said.values() for line in t.splitlines() if "straggler" in line]
     assert len(lines) == 1 and lines[0].startswith("colltrace: straggler: rank 37 arrived last at "), h.said
     assert "40 ms after the first on average" in lines[0] and "train.py:120 (train_step)" in lines[0], lines

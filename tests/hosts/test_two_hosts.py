@@ -96,7 +96,8 @@ def _outputs(procs: dict, limit_s: float) -> dict:
             stacks = stacks_of([p.pid])
             p.kill()
             outs[h] = p.communicate()
-            raise AssertionError(f"host {h}'s torchrun still running after {limit_s:.0f} s:\n{outs[h][1][-3000:]}\n{stacks}")
+            raise AssertionError(f"host {h}'s torchrun still running after {limit_s:.0f} s:\n"
+                                 f"{outs[h][1][-3000:]}\n{stacks}") from None
     return outs
 
 
@@ -131,7 +132,7 @@ def test_a_healthy_two_host_job_says_nothing(two_hosts, tmp_path):
     assert procs["a"].returncode == 0 and procs["b"].returncode == 0, outs
     text = "".join(o + e for o, e in outs.values())
     assert text.count("DONE") == 4
-    assert [l for l in text.splitlines() if "colltrace" in l.lower() or "broken pipe" in l.lower()] == []
+    assert [line for line in text.splitlines() if "colltrace" in line.lower() or "broken pipe" in line.lower()] == []
 
 
 def _met_the_leader(directory: str) -> bool:
@@ -145,7 +146,10 @@ def _met_the_leader(directory: str) -> bool:
             try:
                 mine = {os.readlink(f"/proc/{p.pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{p.pid}/fd")
                         if os.readlink(f"/proc/{p.pid}/fd/{fd}").startswith("socket:[")}
-                rows = [line.split() for t in ("tcp", "tcp6") for line in open(f"/proc/{p.pid}/net/{t}").readlines()[1:]]
+                rows = []
+                for t in ("tcp", "tcp6"):
+                    with open(f"/proc/{p.pid}/net/{t}") as table:
+                        rows += [line.split() for line in table.readlines()[1:]]
             except OSError:
                 return False
             # columns: sl, local, remote (HEX_ADDR:HEX_PORT), state (01: established), ..., inode (10th)
@@ -176,12 +180,12 @@ def test_when_the_leaders_host_dies_another_host_reports(two_hosts, tmp_path):
     except subprocess.TimeoutExpired:
         procs["b"].kill()
         out, err = procs["b"].communicate()
-        raise AssertionError(f"host b's job still running 60 s after host a died:\n{err[-3000:]}")
+        raise AssertionError(f"host b's job still running 60 s after host a died:\n{err[-3000:]}") from None
     ended = time.time() - killed
     # gloo tells b's ranks at once here (their sockets to a are closed); colltrace on b names
     # what vanished, in one line, instead of waiting for a leader that is gone.
     assert procs["b"].returncode != 0 and ended < 30, ended
-    lines = [l for l in err.splitlines() if l.startswith("colltrace:")]
+    lines = [line for line in err.splitlines() if line.startswith("colltrace:")]
     assert lines == ["colltrace: warning: the leader's host (a, ranks 0-1) stopped answering; "
                      "this host's ranks are still watched from their files"], err[-3000:]
 
@@ -199,7 +203,7 @@ def test_a_late_rank_on_the_other_host_is_named_live_by_the_leader(two_hosts, tm
     procs = {h: _torchrun(two_hosts, h, i, dirs[h], "", env, script="late_loader.py") for i, h in enumerate("ab")}
     outs = _outputs(procs, 120)
     assert procs["a"].returncode == 0 and procs["b"].returncode == 0, outs
-    said = {h: [l for l in outs[h][1].splitlines() if l.startswith("colltrace:")] for h in "ab"}
+    said = {h: [line for line in outs[h][1].splitlines() if line.startswith("colltrace:")] for h in "ab"}
     assert said["b"] == [] and len(said["a"]) == 1, said
     assert said["a"][0].startswith("colltrace: straggler: rank 3 arrived last at ")
     assert "while they waited it was at late_loader.py:" in said["a"][0] and "(load_batch) in " in said["a"][0], said

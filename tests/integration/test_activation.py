@@ -70,7 +70,7 @@ def test_bad_setting_gives_one_warning_and_the_job_runs(gloo_job, var, value):
     job = gloo_job("healthy.py", 1, env={var: value, "COLLTRACE_WATCHDOG": "off"})
     assert job.wait(60) == [0]
     err = job.stderr(0)
-    warnings = [l for l in err.splitlines() if l.startswith("colltrace: warning:")]
+    warnings = [line for line in err.splitlines() if line.startswith("colltrace: warning:")]
     assert len(warnings) == 1 and var in warnings[0] and "using" in warnings[0], err
     assert reader.load_traces(job.dir)[0].all_records()  # traced with the default instead
 

@@ -19,7 +19,8 @@ SCRIPT = "async_shapes.py"
 
 
 def start(gloo_job, shape, nprocs=2, **env):
-    return gloo_job(SCRIPT, nprocs, env={"SHAPE": shape, "COLLTRACE_STALL_S": "30", "COLLTRACE_ON_HANG": "abort", **env})
+    return gloo_job(SCRIPT, nprocs,
+                    env={"SHAPE": shape, "COLLTRACE_STALL_S": "30", "COLLTRACE_ON_HANG": "abort", **env})
 
 
 def parked_since(f) -> float:
@@ -54,7 +55,8 @@ def test_run_ahead_into_another_collective_is_a_mismatch_at_the_stuck_number(glo
     (f,) = findings(job.dir)
     assert f["kind"] == "mismatch" and (f["group"]["name"], f["seq"]) == ("0", 2)
     assert [(c["ranks"], c["op"]) for c in f["classes"]] == [([0], "all_reduce"), ([1], "gather")]
-    assert loc("stuck", SCRIPT) in frames_line(f["ranks"]["0"]) and loc("odd_gather", SCRIPT) in frames_line(f["ranks"]["1"])
+    assert (loc("stuck", SCRIPT) in frames_line(f["ranks"]["0"])
+            and loc("odd_gather", SCRIPT) in frames_line(f["ranks"]["1"]))
 
 
 def test_a_job_that_only_ran_ahead_is_never_named(gloo_job):

@@ -33,7 +33,8 @@ def built():
 def run(gloo_job, **env):
     job = gloo_job("hook_route.py", 2, env={"COLLTRACE_WATCHDOG": "off", **env})
     assert job.wait(120) == [0, 0], job.stderr(0)[-3000:] + "\n---rank1---\n" + job.stderr(1)[-3000:]
-    (said,) = [json.loads(l[len("HOOKFAST "):]) for l in job.stdout(0).splitlines() if l.startswith("HOOKFAST ")]
+    (said,) = [json.loads(line[len("HOOKFAST "):]) for line in job.stdout(0).splitlines()
+               if line.startswith("HOOKFAST ")]
     return job, said
 
 
@@ -44,7 +45,8 @@ def test_counters_and_tensors_read_from_cxx_record_what_pythons_reads_record(bui
     for route, env in (("cxx", {}), ("python", {"COLLTRACE_HOOKS": "python"})):
         job = gloo_job("all_ops.py", 2, env={"COLLTRACE_WATCHDOG": "off", **env})
         assert job.wait(120) == [0, 0], job.stderr(0)[-3000:]
-        (said,) = [json.loads(l[len("FASTPATH "):]) for l in job.stdout(0).splitlines() if l.startswith("FASTPATH ")]
+        (said,) = [json.loads(line[len("FASTPATH "):]) for line in job.stdout(0).splitlines()
+                   if line.startswith("FASTPATH ")]
         runs[route] = job, said
     (cxx, cxx_said), (py, py_said) = runs["cxx"], runs["python"]
     assert cxx_said["compiled"] is True and py_said["compiled"] is False
@@ -53,7 +55,7 @@ def test_counters_and_tensors_read_from_cxx_record_what_pythons_reads_record(bui
         got, want = records(cxx.dir, rank), records(py.dir, rank)
         assert len(got) == len(want) and got == want
         assert len({r["group"] for r in got}) >= 2 and all(r["seq"] >= 1 for r in got if r.get("seq") is not None)
-        assert not any("internal error" in l or "cannot be used" in l for l in cxx.stderr(rank).splitlines())
+        assert not any("internal error" in line or "cannot be used" in line for line in cxx.stderr(rank).splitlines())
 
 
 @needs_hooks
@@ -67,7 +69,7 @@ def test_the_cxx_hooks_record_what_the_python_hooks_record(built, gloo_job):
         assert len(got) == len(want) and got == want
         assert {"allreduce", "allgather_base", "broadcast", "barrier", "all_reduce"} <= {r["op"] for r in got}
         assert {r["thread"] for r in got if r["thread"]} >= {"MainThread", "worker"}
-        assert not any("internal error" in l or "cannot be used" in l for l in cxx.stderr(rank).splitlines())
+        assert not any("internal error" in line or "cannot be used" in line for line in cxx.stderr(rank).splitlines())
 
 
 @needs_hooks

@@ -67,7 +67,8 @@ def test_decorators_never_stand_for_the_call_and_the_frameworks_group_is_named(g
     codes = job.wait(90)
     assert codes != [0, 0], job.stderr(0)[-3000:]
     (f,) = [x for x in findings(job.dir) if x["kind"] == "deadlock"]
-    text = f["summary"] + "\n" + f["advice"] + "\n" + open(os.path.join(job.dir, "report.txt")).read()
+    with open(os.path.join(job.dir, "report.txt")) as report:
+        text = f["summary"] + "\n" + f["advice"] + "\n" + report.read()
     line = TINYFW["engine.py"].splitlines().index(next(x for x in TINYFW["engine.py"].splitlines() if "# fw:" in x)) + 1
     method = "Engine.step" if sys.version_info >= (3, 11) else "step"   # co_qualname: Python 3.11+
     step = f"tinyfw.{method}() (engine.py:{line})"   # the method, with its class, past the nvtx wrapper
@@ -75,7 +76,8 @@ def test_decorators_never_stand_for_the_call_and_the_frameworks_group_is_named(g
     assert "wrapped_fn" not in text and "user_decorators.py" not in text and "nvtx.py" not in text, text
     # rank 0's own call is save(), made from main(): the decorators between are no caller
     # (the advice's words for the rank to look at first, here rank 1, that left its pattern)
-    assert call_site(f["ranks"]["0"]["frames"]) == f"{loc('deco_barrier', SCRIPT)} (save), called from {loc('deco_save', SCRIPT)} (main)"
+    assert (call_site(f["ranks"]["0"]["frames"])
+            == f"{loc('deco_barrier', SCRIPT)} (save), called from {loc('deco_save', SCRIPT)} (main)")
     assert f"{loc('deco_save', SCRIPT)} (main) → {loc('deco_barrier', SCRIPT)} (save) → barrier" in text, text
     # the framework's group: by the name the framework keeps it under, in the text and the JSON
     groups = {g["name"]: g for g in f["groups"].values()} if isinstance(f.get("groups"), dict) else {}

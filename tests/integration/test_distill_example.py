@@ -295,7 +295,8 @@ def test_preemption_save_on_one_rank_is_a_deadlock_that_points_at_it(runs):
     f = runs["preempt_one_rank"].only("deadlock")
     first = f["cycle"][0]
     assert (first["op"], first["waiting"], first["missing"]) == ("barrier", [0], [1, 2])
-    assert f["group"]["desc"] == "train" and {c["group"] for c in f["cycle"]} == {f["group"]["name"], f["ranks"]["3"]["group"]}
+    assert (f["group"]["desc"] == "train"
+            and {c["group"] for c in f["cycle"]} == {f["group"]["name"], f["ranks"]["3"]["group"]})
     assert mark("preempt_save") in lines(f["ranks"]["0"]) and mark("checkpoint_barrier") in lines(f["ranks"]["0"])
     assert mark("preempt_save") in f["advice"]
     assert {f["ranks"][r]["op"] for r in "12"} <= {"gather", "scatter"} and f["ranks"]["3"]["op"] == "gather"

@@ -49,7 +49,8 @@ def test_record_of_the_collective_a_rank_died_in_is_readable(gloo_job, how):
     if how in FAULT_TEXT:
         # faulthandler wrote every thread's stack and the signal into the rank's folder
         assert rank1["status"] == "dead" and rank1["exit"]["signal"] == SIGNALS[how].name
-        fault = open(os.path.join(job.dir, "rank-00001.fault.txt")).read()
+        with open(os.path.join(job.dir, "rank-00001.fault.txt")) as fh:
+            fault = fh.read()
         assert FAULT_TEXT[how] in fault and "die_in_collective.py" in fault
 
 

@@ -22,7 +22,8 @@ WAYS = {
     "raise": (6, None, "exited with code 6 (raise SystemExit(6)"),
     "return": (0, None, "exited with code 0 (its program returned)"),
     "error": (1, "end_error", "exited with code 1 (ValueError: no shard for this rank); it was at {at} (load_shard)"),
-    "interrupt": (-signal.SIGINT, "end_interrupt", "was interrupted by SIGINT (KeyboardInterrupt) at {at} (load_shard)"),
+    "interrupt": (-signal.SIGINT, "end_interrupt",
+                  "was interrupted by SIGINT (KeyboardInterrupt) at {at} (load_shard)"),
 }
 # Known at once: their code is the call's own (the others' comes after the interpreter's shutdown).
 AT_ONCE = ("os_exit", "sys_exit", "exit", "error", "interrupt")

@@ -17,7 +17,7 @@ def run(gloo_job, script="all_ops.py", **env):
     [broadcast's, reduce's, gather's, scatter's]."""
     job = gloo_job(script, 2, env=env)
     assert job.wait(120) == [0, 0], job.stderr(0)
-    out = [json.loads(l[len("FASTPATH "):]) for l in job.stdout(0).splitlines() if l.startswith("FASTPATH ")]
+    out = [json.loads(line[len("FASTPATH "):]) for line in job.stdout(0).splitlines() if line.startswith("FASTPATH ")]
     return job, out[0]["hits"], out[0]["rooted"]
 
 

@@ -19,7 +19,7 @@ def groups_job(module_gloo_job):
 
 
 def reported(job, rank):
-    line = [l for l in job.stdout(rank).splitlines() if l.startswith("COUNTS ")][-1]
+    line = [out for out in job.stdout(rank).splitlines() if out.startswith("COUNTS ")][-1]
     return json.loads(line[len("COUNTS "):])
 
 
@@ -82,6 +82,7 @@ def test_torch_compile_runs_and_its_collective_is_counted_not_lost(groups_job):
         assert last["seq_end"] == truth["groups"]["world"]["seq"]   # in step with the backend
         if NATIVE:   # torch >= 2.14: the compiled code's all-reduce is a record, from the user's call
             assert world[-2]["op"] == "allreduce" and world[-2]["seq"] == last["seq"] - 1
-            assert lines["compiled"] in [f["line"] for f in world[-2]["frames"] if f["file"].endswith("groups_and_fsdp.py")]
+            assert lines["compiled"] in [f["line"] for f in world[-2]["frames"]
+                                         if f["file"].endswith("groups_and_fsdp.py")]
         else:
             assert world[-2]["op"] == "untraced" and world[-2]["count"] == 1

@@ -19,7 +19,8 @@ pytestmark = [pytest.mark.skipif(not fastpath.available(), reason="the compiled 
 def run(gloo_job, **env):
     job = gloo_job("hook_route.py", 2, env={"COLLTRACE_WATCHDOG": "off", **env})
     assert job.wait(120) == [0, 0], job.stderr(0)[-3000:] + "\n---rank1---\n" + job.stderr(1)[-3000:]
-    hits = [json.loads(l[len("HOOKFAST "):])["hits"] for l in job.stdout(0).splitlines() if l.startswith("HOOKFAST ")]
+    hits = [json.loads(line[len("HOOKFAST "):])["hits"] for line in job.stdout(0).splitlines()
+            if line.startswith("HOOKFAST ")]
     return job, hits[0]
 
 

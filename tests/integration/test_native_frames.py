@@ -63,11 +63,13 @@ def test_a_rank_dead_in_native_code_is_named_by_its_native_frames(gloo_job, vict
     if kind == "throw":
         assert r1["native_exception"] == {"type": "std::runtime_error", "what": "bad shape 7"}
         assert "(an uncaught std::runtime_error: bad shape 7)" in f["summary"]
-        assert "terminate called after throwing an instance of 'std::runtime_error'" in job.stderr(1)   # libstdc++'s own words still
+        # libstdc++'s own words still
+        assert "terminate called after throwing an instance of 'std::runtime_error'" in job.stderr(1)
     assert "Fatal Python error" in job.stderr(1) or os.path.getsize(os.path.join(job.dir, "rank-00001.fault.txt"))
 
     if kind == "segv":   # every output of the folder, once: report.txt, analyze --json, dump, Perfetto
-        report = open(os.path.join(job.dir, "report.txt")).read()
+        with open(os.path.join(job.dir, "report.txt")) as fh:
+            report = fh.read()
         assert f"#0 {obj} ({func}+0x" in report and "Native frames of rank 1 when it died" in report
         got = run_cli("analyze", job.dir, "--json")
         (dead,) = [x for x in json.loads(got.stdout)["findings"] if x["kind"] == "dead_rank"]
@@ -129,7 +131,8 @@ def test_exit_status_signal_and_core_dump_are_those_of_the_untraced_program(tmp_
         cores = [n for n in os.listdir(cwd) if n.startswith("core")]
         for n in cores:
             os.unlink(cwd / n)
-        seen[mode] = (os.WIFSIGNALED(status) and signal.Signals(os.WTERMSIG(status)).name, os.WCOREDUMP(status), bool(cores))
+        seen[mode] = (os.WIFSIGNALED(status) and signal.Signals(os.WTERMSIG(status)).name, os.WCOREDUMP(status),
+                      bool(cores))
     assert seen["traced"] == seen["plain"], seen
     assert seen["plain"][0] == {"segv": "SIGSEGV", "fpe": "SIGFPE", "abort": "SIGABRT"}[how]
     with open(tmp_path / "trace" / "rank-00000.native.txt") as fh:
@@ -146,7 +149,8 @@ def test_a_rank_hung_in_a_native_lock_is_placed_there_by_its_native_frames(gloo_
     r1 = f["ranks"]["1"]
     assert f["missing_ranks"] == [1] and r1["state"] == "not_in_collective" and r1["stack_via"] == "in-process"
     assert any(fr["object"] == "libvictim.so" and fr["symbol"] == "take_lock_twice" for fr in r1["native_frames"])
-    assert f"{loc('lock', SCRIPT)} (fused_mlp) (in native code: libvictim.so (take_lock_twice))" in f["summary"], f["summary"]
+    assert (f"{loc('lock', SCRIPT)} (fused_mlp) (in native code: libvictim.so (take_lock_twice))"
+            in f["summary"]), f["summary"]
 
 
 LIVE_JOB = """

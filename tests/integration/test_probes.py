@@ -28,7 +28,8 @@ def stacks(*frames_at):
 def test_cpu_time_over_the_window_is_busy():
     a = activity.classify(procs((0.0, 1.0), (9.0, 9.7)), stacks((0.0, [EVAL]), (9.0, [EVAL])))
     assert a["state"] == "progressing" and a["how"] == "busy" and a["cpu_s"] == 8.7 and a["window_s"] == 9.0
-    assert report.activity_text(0, {"activity": a}) == "rank 0: busy, 8.7 s of CPU in eval.py:40 (long_eval) over the last 9.0 s"
+    assert (report.activity_text(0, {"activity": a})
+            == "rank 0: busy, 8.7 s of CPU in eval.py:40 (long_eval) over the last 9.0 s")
 
 
 def test_a_moving_stack_without_cpu_is_progress():
@@ -80,7 +81,7 @@ def test_abort_ends_a_stall_only_when_every_missing_rank_is_frozen():
 def test_the_rank_answers_a_stack_request_from_its_own_thread(tmp_path):
     code = ("import time, threading\n"
             "from colltrace.tracefile import asks\n"
-            "r = asks.StackResponder(%r, 0)\n"
+            f"r = asks.StackResponder({str(tmp_path)!r}, 0)\n"
             "def serve():\n"
             "    while True:\n"
             "        r.poll(); time.sleep(0.02)\n"
@@ -88,7 +89,7 @@ def test_the_rank_answers_a_stack_request_from_its_own_thread(tmp_path):
             "def nap():\n"
             "    time.sleep(60)\n"
             "print('up', flush=True)\n"
-            "nap()\n") % str(tmp_path)
+            "nap()\n")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "up"
@@ -104,11 +105,11 @@ def test_the_rank_answers_a_stack_request_from_its_own_thread(tmp_path):
 def test_faulthandler_answers_by_signal_while_the_gil_is_held(tmp_path):
     code = ("import json, re, sys\n"
             "from colltrace.tracefile import asks\n"
-            "meta, f = asks.install_signal(%r, 0)\n"
+            f"meta, f = asks.install_signal({str(tmp_path)!r}, 0)\n"
             "print(json.dumps(meta), flush=True)\n"
             "def spin():\n"
             "    re.match(r'(a+)+$', 'a' * 40 + 'b')\n"
-            "spin()\n") % str(tmp_path)
+            "spin()\n")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         import json
@@ -130,8 +131,8 @@ def test_a_signal_the_program_handles_is_left_to_it(tmp_path):
     code = ("import json, signal\n"
             "from colltrace.tracefile import asks\n"
             "signal.signal(asks.stack_signal(), lambda *a: None)\n"
-            "meta, f = asks.install_signal(%r, 0)\n"
-            "print(json.dumps(meta))\n") % str(tmp_path)
+            f"meta, f = asks.install_signal({str(tmp_path)!r}, 0)\n"
+            "print(json.dumps(meta))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert '"stack_signal": null' in out and "handles signal" in out
 
@@ -150,7 +151,8 @@ def test_a_rank_dead_at_interpreter_exit_is_acted_on_only_once_someone_waits_for
     assert not actions.act_on(dead, "abort")[0] and not actions.act_on(dead, "dump")[0]
     waited = dataclasses.replace(dead, waiting=[{"ranks": [0], "group": "0", "seq": 3}], missing_ranks=[1])
     assert actions.act_on(waited, "abort")[0]
-    assert actions.act_on(dataclasses.replace(dead, exit={"signal": "SIGABRT", "code": -6}), "abort")[0]   # died mid-run
+    # died mid-run
+    assert actions.act_on(dataclasses.replace(dead, exit={"signal": "SIGABRT", "code": -6}), "abort")[0]
 
 
 def test_a_rank_asked_for_its_stack_while_it_exits_keeps_its_own_exit_code(tmp_path):

@@ -42,7 +42,8 @@ def _env(**extra) -> dict:
 def _pid1_works() -> bool:
     """`unshare --pid` (root, or user namespaces allowed): a process is its namespace's PID 1."""
     try:
-        return subprocess.run(["unshare", "-fp", "--mount-proc", "true"], capture_output=True, timeout=30).returncode == 0
+        return subprocess.run(["unshare", "-fp", "--mount-proc", "true"], capture_output=True,
+                              timeout=30).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -80,7 +81,7 @@ class Run:
             _, self.err = self.proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"still running after {timeout} s: {self.proc.args}")
+            raise AssertionError(f"still running after {timeout} s: {self.proc.args}") from None
         self.rc = self.proc.returncode
 
     def left(self) -> list[str]:
@@ -224,9 +225,10 @@ def test_a_terminals_ctrl_c_reaches_the_job_once(tmp_path):
             os.execve(cmd[0], [str(c) for c in cmd], env)
         try:
             output = []
-            assert wait_until(lambda: any(n.startswith("ready-") for n in os.listdir(out)), timeout=60), name
+            assert wait_until(lambda out=out: any(n.startswith("ready-") for n in os.listdir(out)), timeout=60), name
             os.write(fd, b"\x03")   # ^C
-            assert wait_until(lambda: any(n.startswith("signalled-") for n in os.listdir(out)), timeout=30), name
+            assert wait_until(lambda out=out: any(n.startswith("signalled-") for n in os.listdir(out)),
+                              timeout=30), name
             os.kill(pid, signal.SIGUSR1)
             deadline = time.time() + 60
             while time.time() < deadline:
@@ -241,7 +243,7 @@ def test_a_terminals_ctrl_c_reaches_the_job_once(tmp_path):
             else:
                 raise AssertionError(f"{name} still running: {b''.join(output)[-2000:]!r}")
             seen[name] = (os.waitstatus_to_exitcode(status),
-                          [open(out / n).read().split() for n in os.listdir(out) if n.startswith("signalled-")])
+                          [(out / n).read_text().split() for n in os.listdir(out) if n.startswith("signalled-")])
         finally:
             try:
                 os.kill(pid, signal.SIGKILL)

@@ -67,7 +67,8 @@ def test_stall_then_deadlock(torchrun_job):
     stall, f = stall_then(job, "deadlock")
     assert stall["missing_ranks"] == [0, 1, 2] and stall["ranks"]["0"]["activity"]["state"] == "progressing"
     assert loc("late_setup") in frames_line(stall["ranks"]["0"])
-    assert loc("late_barrier") in frames_line(f["ranks"]["0"]) and loc("late_teacher_wait") in frames_line(f["ranks"]["3"])
+    assert (loc("late_barrier") in frames_line(f["ranks"]["0"])
+            and loc("late_teacher_wait") in frames_line(f["ranks"]["3"]))
     # certain within about a second of the last rank entering the barrier, whatever came first
     assert f["detected_at"] - max(f["ranks"][r]["entered_at"] for r in "012") < 1.5
     assert "COLLTRACE_ON_HANG=abort (deadlock)" in job.err

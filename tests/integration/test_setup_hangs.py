@@ -79,7 +79,8 @@ def test_ranks_that_make_different_groups_at_one_number_are_a_mismatch_at_once(j
     for ranks, _, _, marker in sides:
         assert loc(marker, SCRIPT) in frames_line(f["ranks"][str(ranks[0])])
     assert f["summary"].startswith("Mismatch: group creation #2 of the job is not the same call on every rank")
-    assert f["detected_at"] - max(e["entered_at"] for e in f["ranks"].values()) < float(STALL_S)   # certain: no threshold
+    # certain: no threshold
+    assert f["detected_at"] - max(e["entered_at"] for e in f["ranks"].values()) < float(STALL_S)
 
 
 def test_a_rank_stuck_before_init_process_group_is_named_where_it_is(jobs):
@@ -98,7 +99,8 @@ def test_a_store_wait_for_a_key_nobody_sets_is_one_stall(jobs):
     assert f["kind"] == "stall" and f["group"]["name"] == "store:weights_ready"
     assert f["ranks"]["0"]["op"] == "store.get" and loc("store_get", SCRIPT) in frames_line(f["ranks"]["0"])
     assert f["ranks"]["1"]["op"] == "barrier" and f["ranks"]["1"]["waiting_for"] == [0]
-    assert "store.get('weights_ready') on the job's store" in f["summary"] and "for a key no rank has set" in f["summary"]
+    assert ("store.get('weights_ready') on the job's store" in f["summary"]
+            and "for a key no rank has set" in f["summary"])
 
 
 def counted(job) -> bool:

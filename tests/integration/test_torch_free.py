@@ -62,7 +62,10 @@ def test_reading_analyzing_and_reporting_need_no_torch(tmp_path):
                    "colltrace.tracefile.reader", "colltrace.tracefile.frdump", "colltrace.commands.analyze"):
         assert module in got["imported"]
     rc, doc = got["results"]["distill"]
-    assert rc == 1 and [f["kind"] for f in doc["findings"]] == ["deadlock"] and doc["culprits"] == [0, 1, 2]   # the barrier rank 3 never joins
+    # the barrier rank 3 never joins
+    assert rc == 1 and [f["kind"] for f in doc["findings"]] == ["deadlock"] and doc["culprits"] == [0, 1, 2]
     rc, doc = got["results"]["flight_recorder"]
     assert rc == 1 and any(f["kind"] == "mismatch" for f in doc["findings"])
-    assert got["export"] == 0 and json.load(open(out_file))["traceEvents"]
+    assert got["export"] == 0
+    with open(out_file) as fh:
+        assert json.load(fh)["traceEvents"]

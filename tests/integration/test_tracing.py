@@ -16,7 +16,7 @@ NATIVE = hooks.supported(dist.ProcessGroup)   # torch >= 2.14: c10d's collective
 
 
 def counts(job, rank):
-    line = [l for l in job.stdout(rank).splitlines() if l.startswith("COUNTS ")][-1]
+    line = [out for out in job.stdout(rank).splitlines() if out.startswith("COUNTS ")][-1]
     return json.loads(line[len("COUNTS "):])
 
 @pytest.fixture(scope="module")

@@ -64,9 +64,11 @@ def test_a_busy_slow_rank_is_reported_not_killed_under_abort(gloo_job):
     assert a["state"] == "progressing" and a["how"] == "busy"
     assert "long_eval" in a["at"]["func"]
     assert "rank 1: busy" in f["summary"] and "abort leaves it running" in f["summary"]
-    assert "still working" in open(os.path.join(job.dir, "report.txt")).read()
+    with open(os.path.join(job.dir, "report.txt")) as fh:
+        assert "still working" in fh.read()
     assert "COLLTRACE_ON_HANG=abort (" not in job.stderr(0) + job.stderr(1)   # the watchdog ended nothing
-    assert "stall:0:2 is over: the ranks it waited for arrived (last seen: rank 1 progressing)" in job.stderr(0) + job.stderr(1)
+    assert ("stall:0:2 is over: the ranks it waited for arrived (last seen: rank 1 progressing)"
+            in job.stderr(0) + job.stderr(1))
 
 
 def test_a_frozen_rank_is_ended_under_abort(gloo_job):

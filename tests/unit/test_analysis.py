@@ -73,7 +73,8 @@ class Job:
                    "backend_op": backend, "p2p": p2p, "peer": peer, "state": state, "async": state == "in_flight",
                    "entered_at": t0, "returned_at": t0 if state != "waiting" else None,
                    "completed_at": t0 if state == "completed" else None,
-                   "shapes": [list(s) for s in shapes] if op not in ("barrier", "untraced") and "object" not in op else [],
+                   "shapes": ([list(s) for s in shapes] if op not in ("barrier", "untraced") and "object" not in op
+                              else []),
                    "dtypes": list(dtypes) if op not in ("barrier", "untraced") and "object" not in op else [],
                    "reduce_op": reduce_op, "root": root, "count": count, "thread": thread,
                    "frames": [] if op == "untraced" else frames(at, func)}
@@ -164,7 +165,8 @@ def test_deadlock_points_first_at_the_odd_call_not_at_routine_traffic():
     job.op([1, 2], "2", 22, "scatter", "waiting", at="distributed.py:63", func="recv", root=3, t=T)
     job.op([1, 2, 3], "2", 21, "gather", "completed", at="distributed.py:57", func="send", root=3, t=T - 1)
     job.op(3, "2", 21, "gather", "waiting", at="distributed.py:57", func="send", root=3, t=T)
-    job.entries[3]["records"] = [r for r in job.entries[3]["records"] if not (r["seq"] == 21 and r["state"] == "completed")]
+    job.entries[3]["records"] = [r for r in job.entries[3]["records"]
+                                 if not (r["seq"] == 21 and r["state"] == "completed")]
     job.entries[3]["progress"]["2"]["completed"] = 20
     f = only(analyze(job.snap(), STALL, T + 2), "deadlock")
     assert f.cycle[0]["op"] == "barrier" and f.cycle[0]["waiting"] == [0] and f.group["name"] == "1"
@@ -488,7 +490,8 @@ def test_ranks_whose_collective_failed_because_a_rank_died_are_named_with_the_er
     for r in (1, 3):
         rec = job.entries[r]["records"][-1]
         rec.update(state="failed", returned_at=T + 0.4,
-                   error="RuntimeError: [/__w/gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.0.0.2]:6566")
+                   error="RuntimeError: [/__w/gloo/transport/tcp/pair.cc:553] "
+                         "Connection closed by peer [10.0.0.2]:6566")
     job.set(2, status="dead", exit={"signal": "SIGSEGV", "code": -11}, died_at=T + 0.3,
             stack=frames("kernels.py:41", "fused_op")[:2])
     f = only(analyze(job.snap(), STALL, T + 1), "dead_rank")
@@ -791,7 +794,8 @@ def test_user_location_skips_torch_colltrace_and_stdlib_frames():
             == "model.py:41 (f) calling lightning.barrier() (strategy.py:7)")
     assert (locations.user_location(mark([lib_frame, TORCH]))
             == "lightning's strategy.py:7 (barrier) (no frame of your code on the stack)")
-    assert locations.user_location(mark([TORCH])) == "distributed_c10d.py:4000 (barrier) (no frame of your code on the stack)"
+    assert (locations.user_location(mark([TORCH]))
+            == "distributed_c10d.py:4000 (barrier) (no frame of your code on the stack)")
     assert locations.user_location([]) is None
 
 
@@ -862,7 +866,8 @@ def test_one_against_one_without_history_shows_both_sides_equally():
     assert f.look_first["rank"] is None and f.look_first["reason"] == "undecided"
     assert [s["ranks"] for s in f.look_first["sides"]] == [[0], [1]]
     assert ("Look first at both sides of collective #1 on group 0: rank 0 calls barrier at model.py:42 "
-            "(training_step), called from train.py:900 (main); rank 1 calls all_reduce at train.py:10 (step)") in f.advice
+            "(training_step), called from train.py:900 (main); rank 1 calls all_reduce at train.py:10 "
+            "(step)") in f.advice
     assert "Neither the job's history nor a majority tells" in f.advice
 
 

@@ -28,7 +28,8 @@ def test_digests_united_across_hosts_name_the_straggler_the_records_name():
     expected = stragglers.find(snap)
     hosts = _two_hosts(snap)
     node1 = {"host": "node1", "arrivals": arrivals.digest(hosts["node1"], snap["groups"], keep=150, within_s=20)}
-    node2 = {"host": "node2", "clock": [0.2, 0.0003], "arrivals": arrivals.digest(hosts["node2"], snap["groups"], keep=150, within_s=20)}
+    node2 = {"host": "node2", "clock": [0.2, 0.0003],
+             "arrivals": arrivals.digest(hosts["node2"], snap["groups"], keep=150, within_s=20)}
     united = arrivals.unite(node1["arrivals"], [node2])
     vitals = {r: {"rank": e["rank"], "host": e["host"], "status": "alive"} for r, e in snap["ranks"].items()}
     got = stragglers.find({"groups": snap["groups"], "ranks": vitals, "arrivals": united})
@@ -51,10 +52,12 @@ def test_a_host_sends_its_most_recent_collectives_whole_and_leaves_out_what_a_ra
     n, total, first, first_rank, last, last_rank, err = d["0#39"]
     assert (n, first_rank, last_rank, err) == (4, 0, 3, 0.0) and abs(last - first - 0.003) < 1e-9
     # united with a half that is not whole anywhere: the collective does not count
-    assert stragglers.arrivals({"groups": snap["groups"], "ranks": {}, "arrivals": {"0#40": [3, 1.0, 0.1, 0, 0.5, 2, 0.0]}}) == []
+    assert stragglers.arrivals({"groups": snap["groups"], "ranks": {},
+                                "arrivals": {"0#40": [3, 1.0, 0.1, 0, 0.5, 2, 0.0]}}) == []
 
 
 def test_malformed_digests_from_a_child_are_skipped():
     own = {"0#1": [2, 2.0, 1.0, 0, 1.0, 1, 0.0]}
-    bad = [{"arrivals": {"0#1": [1, "x", 1, 0, 1, 1, 0]}}, {"arrivals": "nope"}, {"arrivals": {"0#2": [1, 1.0, 1.0, 2.5, 1.0, 2, 0]}}]
+    bad = [{"arrivals": {"0#1": [1, "x", 1, 0, 1, 1, 0]}}, {"arrivals": "nope"},
+           {"arrivals": {"0#2": [1, 1.0, 1.0, 2.5, 1.0, 2, 0]}}]
     assert arrivals.unite(own, bad) == own

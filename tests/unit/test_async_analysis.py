@@ -11,7 +11,8 @@ def run_ahead(job: Job, ranks, t=T, stuck=5, parked=None, waiting_next=False):
     """NCCL: all_reduce #stuck, #stuck+1, #stuck+2 enqueued at once (in flight); optionally parked
     in a wait on the first (parked: when), or run ahead into a blocking call (#stuck+3 waiting)."""
     for i in range(3):
-        job.op(ranks, "0", stuck + i, "all_reduce", "in_flight", at=f"checkpoint.py:{300 + i}", func="load", t=t + .01 * i)
+        job.op(ranks, "0", stuck + i, "all_reduce", "in_flight", at=f"checkpoint.py:{300 + i}", func="load",
+               t=t + .01 * i)
     if parked is not None:
         for r in ranks:
             rec = next(x for x in job.entries[r]["records"] if x["seq"] == stuck and x["group"] == "0")
@@ -75,8 +76,9 @@ def ended_by(job: Job, ranks, how, t_end):
         if how == "timeout":   # gloo: the wait raised "Timed out waiting", the rank exited with it
             for rec in e["records"]:
                 if rec["state"] == "in_flight" and rec["group"] in ("0", "2") and rec["seq"] in (5, 12):
-                    rec.update(state="failed", failed_at=t_end, error="RuntimeError: [../gloo/unbound_buffer.cc:78] "
-                                                                     "Timed out waiting 600000ms for recv operation to complete")
+                    rec.update(state="failed", failed_at=t_end,
+                               error="RuntimeError: [../gloo/unbound_buffer.cc:78] "
+                                     "Timed out waiting 600000ms for recv operation to complete")
             e.update(status="exited", died_at=t_end + .1,
                      exit={"code": 1, "exception": "RuntimeError: Timed out waiting 600000ms"})
         else:   # NCCL's watchdog: SIGABRT, nothing written after
@@ -122,7 +124,8 @@ def test_an_unobserved_functional_collective_is_never_the_collective_itself_hung
     assert analyze(job.snap(), STALL, T + 45) == []
     # waited on, and not done: that is a hang
     for r in (0, 1):
-        job.entries[r]["records"][-1]["wait"] = {"since": T + 1, "frames": frames("model.py:21"), "thread": "MainThread"}
+        job.entries[r]["records"][-1]["wait"] = {"since": T + 1, "frames": frames("model.py:21"),
+                                                 "thread": "MainThread"}
     f = only(analyze(job.snap(), STALL, T + 45), "stall")
     assert f.stage == "completion" and f.seq == 40
 

@@ -18,7 +18,8 @@ from colltrace.words import group_desc, group_label
 SITE = "/venv/lib/python3.11/site-packages"
 ROOTS = {"stdlib": ["/usr/lib/python3.11"], "site": [SITE], "torch": [f"{SITE}/torch"],
          "colltrace": [f"{SITE}/colltrace"], "user_packages": []}
-TORCH = {"file": f"{SITE}/torch/distributed/distributed_c10d.py", "line": 4000, "func": "barrier", "qualname": "barrier"}
+TORCH = {"file": f"{SITE}/torch/distributed/distributed_c10d.py", "line": 4000, "func": "barrier",
+         "qualname": "barrier"}
 
 
 def timed(fn):   # a user's functools.wraps-style decorator
@@ -71,7 +72,8 @@ def _f(path, line, func, qualname=None, wraps=False):
 
 MAIN = _f("/job/train.py", 90, "main")
 USER_WRAPPER = _f("/job/utils.py", 7, "wrapper", "timed.<locals>.wrapper", wraps=True)
-FW_WRAPPER = _f(f"{SITE}/deepspeed/utils/nvtx.py", 33, "wrapped_fn", "instrument_w_nvtx.<locals>.wrapped_fn", wraps=True)
+FW_WRAPPER = _f(f"{SITE}/deepspeed/utils/nvtx.py", 33, "wrapped_fn", "instrument_w_nvtx.<locals>.wrapped_fn",
+                wraps=True)
 SAVE = _f("/job/train.py", 40, "save")
 ENGINE = _f(f"{SITE}/deepspeed/runtime/engine.py", 4900, "save_checkpoint", "DeepSpeedEngine.save_checkpoint")
 DYNAMO = _f(f"{SITE}/torch/_dynamo/eval_frame.py", 655, "_fn", "_TorchDynamoContext.__call__.<locals>._fn", wraps=True)
@@ -95,7 +97,8 @@ def test_a_decorated_function_of_the_users_is_the_call_and_its_caller_the_one_pa
     assert locations.user_location(frames) == "train.py:40 (save)"
     assert locations.call_site(frames) == "train.py:40 (save), called from train.py:90 (main)"
     # torch._dynamo's eval frame between them is no caller either
-    assert locations.call_site(mark([MAIN, DYNAMO, SAVE, TORCH])) == "train.py:40 (save), called from train.py:90 (main)"
+    assert (locations.call_site(mark([MAIN, DYNAMO, SAVE, TORCH]))
+            == "train.py:40 (save), called from train.py:90 (main)")
     # a wrapper of the user's around a torch function: the user's call is the line that called it
     assert locations.user_location(mark([MAIN, USER_WRAPPER, TORCH])) == "train.py:90 (main)"
 
@@ -104,9 +107,11 @@ def test_frames_known_only_by_name_are_wrappers_by_their_usual_names():
     """py-spy's and a traceback's frames carry no code object: "wrapped_fn" and the like are
     taken for wrappers there, and nowhere else (a frame with a qualname says for itself)."""
     spy = [{k: v for k, v in f.items() if k in ("file", "line", "func")} for f in (MAIN, FW_WRAPPER, ENGINE, TORCH)]
-    assert locations.user_location(mark(spy)) == "train.py:90 (main) calling deepspeed.save_checkpoint() (engine.py:4900)"
+    assert (locations.user_location(mark(spy))
+            == "train.py:90 (main) calling deepspeed.save_checkpoint() (engine.py:4900)")
     named_so = _f(f"{SITE}/lib/api.py", 3, "wrapper", "Client.wrapper")   # recorded, not a wrapper: it stands
-    assert locations.user_location(mark([MAIN, named_so, TORCH])) == "train.py:90 (main) calling lib.Client.wrapper() (api.py:3)"
+    assert (locations.user_location(mark([MAIN, named_so, TORCH]))
+            == "train.py:90 (main) calling lib.Client.wrapper() (api.py:3)")
 
 
 def test_a_compacted_stack_keeps_the_call_past_the_wrappers():

@@ -149,7 +149,7 @@ def test_the_folder_colltrace_run_makes_reads_its_newest_run(tmp_path):
     for args in (["analyze"], ["dump"], ["export", "--perfetto", perfetto]):
         named, parent = cli(*args[:1], newest, *args[1:]), cli(*args[:1], out_dir, *args[1:])
         assert (parent.returncode, parent.stdout) == (named.returncode, named.stdout), args
-        said = [l for l in parent.stderr.splitlines() if l not in named.stderr.splitlines()]
+        said = [line for line in parent.stderr.splitlines() if line not in named.stderr.splitlines()]
         assert len(said) == 1 and said[0].startswith("colltrace: ") and str(newest) in said[0], parent.stderr
     assert cli("analyze", out_dir).returncode == 1   # the deadlock, not the healthy run
     assert "no colltrace traces" in cli("analyze", out_dir / "run-20261125-110000").stderr   # named: as before

@@ -94,7 +94,8 @@ def test_a_live_rank_parked_in_native_code_is_placed_there():
     snap = dead_in_native(alive=True)
     (f,) = [x for x in verdict.findings_of(snap, 30.0, snap["taken_at"]) if x.kind == "stall"]
     assert f.ranks["1"]["native_frames"] == NATIVE
-    assert "its live stack is at model.py:44 (fused_mlp) (in native code: libtorch_cpu.so (at::native::fill_" in f.summary
+    assert ("its live stack is at model.py:44 (fused_mlp) (in native code: libtorch_cpu.so (at::native::fill_"
+            in f.summary)
 
 
 def test_a_fatal_signal_the_program_handles_is_no_death_while_the_process_lives():
@@ -103,7 +104,8 @@ def test_a_fatal_signal_the_program_handles_is_no_death_while_the_process_lives(
     entry = build.rank_entry(1, {"pid": 11}, "dead", {"signal": "SIGSEGV", "code": -11}, heartbeat=1.0, progress={},
                              records=[], fault=fault)
     alive = build.host_entry(dict(entry), keep_records=8, died_at=None)
-    assert alive["status"] == "alive" and alive["exit"] is None and alive["stack"] is None and "native_frames" not in alive
+    assert (alive["status"] == "alive" and alive["exit"] is None and alive["stack"] is None
+            and "native_frames" not in alive)
     gone = build.host_entry(dict(entry), keep_records=8, died_at=2.0)
     assert gone["status"] == "dead" and gone["native_frames"] == NATIVE
 

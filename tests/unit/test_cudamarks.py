@@ -177,7 +177,8 @@ def test_a_captured_collective_is_never_polled_and_no_cuda_call_is_made_during_a
         g.capture_end()
     finally:
         cudamarks.unwatch_captures(graphs.CUDAGraph)
-    assert "capture_begin" not in vars(graphs.CUDAGraph) or not hasattr(graphs.CUDAGraph.capture_begin, "__colltrace_original__")
+    assert ("capture_begin" not in vars(graphs.CUDAGraph)
+            or not hasattr(graphs.CUDAGraph.capture_begin, "__colltrace_original__"))
 
 
 def test_a_capture_begins_only_once_a_poll_under_way_left_its_cuda_calls():

@@ -76,10 +76,12 @@ def test_a_ring_cut_short_after_its_written_slots_loses_nothing(folder):
     n = slots_written(folder / RING)
     cut(folder / RING, 4096 + 64 * (n + 3))
     rc, doc, said = analyzed(folder)
-    assert rc == 1 and doc["culprits"] == whole["culprits"] and doc["findings"][0]["kind"] == whole["findings"][0]["kind"]
+    assert (rc == 1 and doc["culprits"] == whole["culprits"]
+            and doc["findings"][0]["kind"] == whole["findings"][0]["kind"])
     w = damaged(doc)[RING]
     assert w["rank"] == 3 and f"cut short ({4096 + 64 * (n + 3)} of 69632 bytes)" in w["reason"]
-    assert w["message"].endswith("every slot it had written is read") and said == [f"colltrace: warning: {w['message']}"]
+    assert (w["message"].endswith("every slot it had written is read")
+            and said == [f"colltrace: warning: {w['message']}"])
     dumped = run_cli("dump", folder, "--json")
     assert dumped.returncode == 0 and dumped.stdout == before   # nothing recorded is lost
     assert dumped.stderr == f"colltrace: warning: {w['message']}\n"
@@ -128,7 +130,8 @@ def test_findings_jsonl_cut_mid_line_is_named_and_its_whole_lines_kept(folder):
     assert rc == 1 and doc["culprits"] == [0, 1, 2]
     w = damaged(doc)["findings.jsonl"]
     assert w["reason"] == "its last line is cut short (200 bytes, no line end)"
-    assert w["message"].endswith("the 1 complete line before it is read") and said == [f"colltrace: warning: {w['message']}"]
+    assert (w["message"].endswith("the 1 complete line before it is read")
+            and said == [f"colltrace: warning: {w['message']}"])
     kept, _ = damage.recorded_findings(str(folder))
     assert [f["key"] for f in kept] == [json.loads(line)["key"]]
 
@@ -162,7 +165,8 @@ def test_a_folder_colltrace_ended_is_judged_as_of_the_finding_it_acted_on(folder
         "at": live["detected_at"] + 0.3, "host": "vm", "ranks": pids}))
     rc, doc, said = analyzed(folder)
     (f,) = doc["findings"]
-    assert rc == 1 and f["key"] == live["key"] and (f["detected_at"], f["waited_s"]) == (live["detected_at"], live["waited_s"])
+    assert (rc == 1 and f["key"] == live["key"]
+            and (f["detected_at"], f["waited_s"]) == (live["detected_at"], live["waited_s"]))
     assert "(the longest has waited 0.6 s)" in live["summary"] and "(the longest has waited 0.6 s)" in f["summary"]
 
 

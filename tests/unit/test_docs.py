@@ -9,7 +9,8 @@ import re
 import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-DOCS = ["README.md", "benchmarks/README.md", "CONTRIBUTING.md", "CHANGELOG.md", "docs/design.md", "docs/usage.md", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "examples", "*", "*")))]
+DOCS = ["README.md", "benchmarks/README.md", "CONTRIBUTING.md", "CHANGELOG.md", "docs/design.md", "docs/usage.md",
+        *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "examples", "*", "*")))]
 DOCS = [d for d in DOCS if d.endswith((".md", ".py"))]
 
 
@@ -40,8 +41,8 @@ def test_what_build_hooks_saves_is_one_figure_in_the_help_the_install_notes_and_
 
     readme = text("README.md")
     table = text("benchmarks/README.md").splitlines()
-    on_213 = next(l for l in table if l.startswith("| instructions per 1-element `all_reduce`"))
-    on_214 = next(l for l in table if l.startswith("| the same on torch 2.14.1"))
+    on_213 = next(row for row in table if row.startswith("| instructions per 1-element `all_reduce`"))
+    on_214 = next(row for row in table if row.startswith("| the same on torch 2.14.1"))
     measured = [re.search(r"traced \([^|]*?\) \*\*(\+[\d,]+)\*\*", on_213).group(1),
                 re.search(r"without the build[^|]*?\*\*(\+[\d,]+)\*\*", on_213).group(1),
                 re.search(r"traced \*\*(\+[\d,]+)\*\*", on_214).group(1),

@@ -49,7 +49,8 @@ PROGRAM = textwrap.dedent('''\
         if how == "error":
             raise ValueError("bad shard")  # line: error
         if how == "interrupt":
-            signal.signal(signal.SIGINT, signal.default_int_handler)   # Ctrl-C as Python takes it, even run from a shell that ignores SIGINT (a background job)
+            # Ctrl-C as Python takes it, even run from a shell that ignores SIGINT (a background job)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             signal.raise_signal(signal.SIGINT)  # line: interrupt
         if how == "native":
             ctypes.CDLL(None).exit(9)
@@ -175,7 +176,8 @@ def test_the_exit_status_is_believed_over_what_python_knew():
     assert ending(None, {"code": 9, "t": 6.0}) == {"code": 9, "how": "native", "at": 6.0}
     assert ending({"k": "exit", "t": 5.0, "clean": True}) == {"code": 0, "at": 5.0}   # an older trace
     exc = {"type": "ValueError", "message": "bad"}
-    assert ending({"k": "exit", "t": 5.0, "how": "exception", "code": 1}, {"code": 1}, exc)["exception"] == "ValueError: bad"
+    assert (ending({"k": "exit", "t": 5.0, "how": "exception", "code": 1}, {"code": 1}, exc)["exception"]
+            == "ValueError: bad")
     assert ending(None, None, exc) == {"code": 1, "how": "exception", "at": None, "exception": "ValueError: bad"}
     assert ending(None, None, None) is None
 
@@ -238,7 +240,8 @@ def test_a_rank_whose_exit_failed_the_others_collective_is_named_after_the_fact(
 @pytest.mark.parametrize("ex, words, advice", [
     ({"code": 0, "how": "return"}, "exited with code 0 (its program returned)", "program ended while the others"),
     ({"code": 6, "how": "SystemExit"}, "exited with code 6 (raise SystemExit(6)", "raises SystemExit(6)"),
-    ({"code": 9, "how": "native"}, "exited with code 9 (exit() called in native code", "a native library called exit(9)"),
+    ({"code": 9, "how": "native"}, "exited with code 9 (exit() called in native code",
+     "a native library called exit(9)"),
     ({"signal": "SIGINT", "how": "signal", "exception": "KeyboardInterrupt"}, "was interrupted by SIGINT",
      "what sent rank 1 SIGINT"),
 ])

@@ -22,7 +22,8 @@ def test_a_rank_answers_each_request_once(tmp_path, monkeypatch):
     r.poll()
     r.poll()
     assert calls == [1]
-    data = json.loads(open(asks.fr_dump_path(str(tmp_path), 3)).read())
+    with open(asks.fr_dump_path(str(tmp_path), 3)) as f:
+        data = json.loads(f.read())
     assert data["error"] is None and data["entries"] == [
         {"group": "1", "seq": 8, "p2p": False, "op": "allgather_base", "backend_op": "allgatherbase",
          "shapes": [[20]], "dtypes": ["bfloat16"], "state": "scheduled", "t": 5.0}]
@@ -35,7 +36,8 @@ def test_a_torch_without_it_is_one_error_in_the_answer(tmp_path, monkeypatch):
     monkeypatch.setattr(flightrecorder, "_dump", boom)
     asks.request_fr(str(tmp_path), 0)
     flightrecorder.Responder(str(tmp_path), 0).poll()
-    data = json.loads(open(asks.fr_dump_path(str(tmp_path), 0)).read())
+    with open(asks.fr_dump_path(str(tmp_path), 0)) as f:
+        data = json.loads(f.read())
     assert data["entries"] == [] and "no Flight Recorder" in data["error"]
 
 
@@ -89,5 +91,6 @@ def test_every_backends_recorder_is_read_and_a_mixed_groups_lanes_named_apart(tm
     monkeypatch.setattr(flightrecorder, "_dump", lambda: real(C10d()))
     asks.request_fr(str(tmp_path), 1)
     flightrecorder.Responder(str(tmp_path), 1, lambda: {("0", "gloo"): "0:cpu"}).poll()
-    data = json.loads(open(asks.fr_dump_path(str(tmp_path), 1)).read())
+    with open(asks.fr_dump_path(str(tmp_path), 1)) as f:
+        data = json.loads(f.read())
     assert data["error"] is None and {e["group"] for e in data["entries"]} == {"0", "0:cpu", "5"}

@@ -113,8 +113,9 @@ def test_a_pickle_that_would_run_code_is_refused(tmp_path):
 
 def _entry(seq, op="all_reduce", state="scheduled", sizes=((8,),), dtypes=("Float",), pg=("0", "default_pg"), **kw):
     e = {"record_id": seq, "pg_id": 0, "process_group": pg, "collective_seq_id": seq, "p2p_seq_id": 0,
-         "profiling_name": f"nccl:{op}", "time_created_ns": 10**18 + seq * 10**6, "input_sizes": [list(s) for s in sizes],
-         "input_dtypes": list(dtypes), "output_sizes": [list(s) for s in sizes], "output_dtypes": list(dtypes),
+         "profiling_name": f"nccl:{op}", "time_created_ns": 10**18 + seq * 10**6,
+         "input_sizes": [list(s) for s in sizes], "input_dtypes": list(dtypes),
+         "output_sizes": [list(s) for s in sizes], "output_dtypes": list(dtypes),
          "state": state, "retired": False, "timeout_ms": 600000, "is_p2p": False, "frames": []}
     e.update(kw)
     return e
@@ -165,7 +166,8 @@ def test_cross_group_wait_cycle_is_a_deadlock_in_dumps():
     cfg = {"A": {"name": "A", "desc": "", "ranks": "[0, 1]"}, "B": {"name": "B", "desc": "", "ranks": "[0, 1]"}}
     a, b = ("A", "a"), ("B", "b")
     dumps = {0: {"version": "2.9", "pg_config": cfg,
-                 "entries": [_entry(1, pg=a, state="completed"), _entry(1, pg=b, state="completed"), _entry(2, pg=a, op="barrier")]},
+                 "entries": [_entry(1, pg=a, state="completed"), _entry(1, pg=b, state="completed"),
+                             _entry(2, pg=a, op="barrier")]},
              1: {"version": "2.9", "pg_config": cfg,
                  "entries": [_entry(1, pg=a, state="completed"), _entry(1, pg=b, state="completed"), _entry(2, pg=b)]}}
     snap = frdump.to_snapshot(dumps)

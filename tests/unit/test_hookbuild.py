@@ -37,7 +37,7 @@ def test_a_build_that_does_not_load_is_said_once_and_the_python_route_is_used(mo
     settings = config.load({"COLLTRACE": "1"})
     assert hooks._compiled_hooks(shim, settings) is None
     assert hooks._compiled_hooks(shim, settings) is None
-    said = [l for l in capsys.readouterr().err.splitlines() if l]
+    said = [line for line in capsys.readouterr().err.splitlines() if line]
     assert len(said) == 1 and "rank 3" in said[0] and "undefined symbol" in said[0] and "Python route" in said[0]
 
 
@@ -62,7 +62,7 @@ def build_hooks(capsys, monkeypatch, supported=True, built=None, build=None, dis
     monkeypatch.setattr(fastpath, "available", lambda: True)
     monkeypatch.setattr(hookbuild, "build", build or (lambda verbose: pytest.fail("nothing should be compiled")))
     rc = cli.main(["build-hooks"])
-    return rc, [l for l in capsys.readouterr().err.splitlines() if l]
+    return rc, [line for line in capsys.readouterr().err.splitlines() if line]
 
 
 def test_build_hooks_on_a_torch_without_distributed_is_one_line_and_exit_2(capsys, monkeypatch):

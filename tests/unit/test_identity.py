@@ -30,7 +30,8 @@ def test_the_watchdog_is_told_the_store_the_default_group_was_made_with(tmp_path
 
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     assert launcher.store_arg(dist.PrefixStore("default_pg", server)) == ["--store", f"127.0.0.1:{server.port}"]
-    assert launcher.store_arg(dist.PrefixStore("default_pg", dist.FileStore(str(tmp_path / "f"), 1))) == ["--store", "off"]
+    assert (launcher.store_arg(dist.PrefixStore("default_pg", dist.FileStore(str(tmp_path / "f"), 1)))
+            == ["--store", "off"])
     assert launcher.store_arg(dist.HashStore()) == ["--store", "off"]
     assert launcher.store_arg(None) == []   # not found: the watchdog decides as before
     assert launcher.watchdog_env({"COLLTRACE": "1", "TORCH_CPP_LOG_LEVEL": "INFO"})["TORCH_CPP_LOG_LEVEL"] == "FATAL"
@@ -53,7 +54,8 @@ def test_a_watchdog_never_reads_a_later_job_in_its_folder_as_its_own(tmp_path):
 
     settings = config.load({"COLLTRACE": "1", "COLLTRACE_DIR": str(tmp_path), "COLLTRACE_POLL_S": "0.02"})
     first = Recorder(settings, rank=0, world_size=1, backend="gloo", job="test-1@file:/a")
-    old, new = NodeView(str(tmp_path), "test-1@file:/a", settings.host), NodeView(str(tmp_path), "test-2@file:/b", settings.host)
+    old, new = (NodeView(str(tmp_path), "test-1@file:/a", settings.host),
+                NodeView(str(tmp_path), "test-2@file:/b", settings.host))
     old.poll()
     new.poll()        # started while the folder still holds the previous test's rank 0
     assert list(old.traces) == [0] and not new.traces

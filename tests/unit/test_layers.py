@@ -201,7 +201,8 @@ def test_the_analysis_imports_neither_torch_nor_the_reporters():
 def test_importing_the_analysis_loads_neither_torch_nor_the_reporters():
     env = {k: v for k, v in os.environ.items() if k != "COLLTRACE"}   # the start-up hook stays off
     code = ("import sys, colltrace.analysis\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or m.startswith('colltrace.reporters')))")
+            "print(sorted(m for m in sys.modules"
+            " if m.split('.')[0] == 'torch' or m.startswith('colltrace.reporters')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", f"import colltrace.analysis loaded {out.stdout.strip()}"

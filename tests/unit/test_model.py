@@ -34,7 +34,8 @@ def test_a_live_stack_older_than_the_ranks_last_event_is_dropped():
     assert fresh["stack"] == live[1] and fresh["stack_via"] == "py-spy" and fresh["stack_at"] == 10.0
     stale = build.host_entry(entry(), keep_records=64, died_at=None, live_stack=live, last_event_t=11.0)
     assert stale["stack"] is None and "stack_via" not in stale
-    failed = build.host_entry(entry(), keep_records=64, died_at=None, live_stack=(0.0, None, None, {"py-spy": "refused"}), last_event_t=1.0)
+    failed = build.host_entry(entry(), keep_records=64, died_at=None,
+                              live_stack=(0.0, None, None, {"py-spy": "refused"}), last_event_t=1.0)
     assert failed["stack_errors"] == {"py-spy": "refused"}
 
 
@@ -46,8 +47,10 @@ def test_trimming_keeps_every_open_record_and_the_recent_ones():
 
 def test_compaction_keeps_pending_records_and_the_frames_around_the_users_own():
     user = [{"file": "/home/me/train.py", "line": i, "func": f"f{i}"} for i in range(30)]
-    torch = [{"file": os.path.join(os.path.dirname(json.__file__), "x.py"), "line": i, "func": "lib"} for i in range(10)]
-    recs = [rec(1, schema.WAITING, 1.0, frames=user + torch)] + [rec(i, schema.COMPLETED, float(i)) for i in range(2, 12)]
+    torch = [{"file": os.path.join(os.path.dirname(json.__file__), "x.py"), "line": i, "func": "lib"}
+             for i in range(10)]
+    recs = ([rec(1, schema.WAITING, 1.0, frames=user + torch)]
+            + [rec(i, schema.COMPLETED, float(i)) for i in range(2, 12)])
     e = build.compact_entry(entry(records=recs))
     assert [r["id"] for r in e["records"]] == [1] + list(range(12 - build.RECENT_COMPLETED, 12))
     frames = e["records"][0]["frames"]

@@ -73,6 +73,7 @@ def test_a_group_that_cannot_be_described_passes_through_with_one_note(tmp_path,
     gs = rec.group_state(FakeGroup(), describe)   # the others are traced as ever
     assert gs is not None and not rec.disabled
     tr = reader.load_traces(str(tmp_path))[0]
-    assert [n for n in tr.notes if "not traced" in n] == ["group FakeGroup not traced: RuntimeError('ProcessGroup name not set')"]
+    assert ([n for n in tr.notes if "not traced" in n]
+            == ["group FakeGroup not traced: RuntimeError('ProcessGroup name not set')"])
     assert "colltrace" not in capsys.readouterr().err
     rec.close()

@@ -89,7 +89,8 @@ def test_where_judging_is_slow_an_unchanged_input_costs_at_most_a_quarter_of_the
     n = len(calls)
     wd._judge({}, own, [{"ranks": dict(others[0]["ranks"])}], t)   # a host's new table: judged at once
     assert len(calls) == n + 1 and calls[-1] == t
-    assert watchdog.rejudge_after(100.0) == watchdog.REJUDGE_MAX_S and watchdog.rejudge_after(0.01) == watchdog.REJUDGE_S
+    assert (watchdog.rejudge_after(100.0) == watchdog.REJUDGE_MAX_S
+            and watchdog.rejudge_after(0.01) == watchdog.REJUDGE_S)
 
 
 def test_the_ranks_whose_stacks_it_needs_are_worked_out_again_when_the_input_changes(tmp_path, monkeypatch):

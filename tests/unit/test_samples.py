@@ -67,6 +67,7 @@ def test_the_log_skips_what_is_not_a_sample_and_waits_for_a_line_to_end(tmp_path
     log.poll()
     assert list(log.samples) == [(100.0, 1), (102.0, 1)]
     e = log.entry(since=101.0)
-    assert e["at"] == [[102.0, 1]] and e["stacks"] == {"1": [{"file": "/job/data.py", "line": 41, "func": "load_batch"}]}
+    assert (e["at"] == [[102.0, 1]]
+            and e["stacks"] == {"1": [{"file": "/job/data.py", "line": 41, "func": "load_batch"}]})
     assert e["gc"] == []
     assert samples.SampleLog(str(tmp_path / "none")).entry() is None

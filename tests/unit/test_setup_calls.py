@@ -267,7 +267,8 @@ def test_only_store_waits_that_last_on_the_jobs_store_are_recorded(rec):
     tr = reader.RankTrace(rec.settings.dir, rec.rank)
     tr.poll()
     got = [(r["group"], r["seq"], r["op"], r.get("detail"), r["state"]) for r in tr.all_records()]
-    assert got == [("store:later", 1, "store.get", "later", "completed"), ("store:never", 1, "store.get", "never", "failed")]
+    assert got == [("store:later", 1, "store.get", "later", "completed"),
+                   ("store:never", 1, "store.get", "never", "failed")]
     later = tr.all_records()[0]
     assert abs(later["entered_at"] - t0) < 0.05 and later["frames"][-1]["func"].startswith("test_only_store_waits")
     assert "Timeout waiting for key never" in tr.all_records()[1]["error"]
@@ -301,5 +302,6 @@ def test_a_torchrun_worker_is_traced_from_its_start_without_torch_and_its_childr
         defs = [json.loads(line) for line in f]
     assert defs[0]["k"] == "meta" and (defs[0]["rank"], defs[0]["world_size"]) == (1, 2)
     assert defs[0]["job"] == "job7@tcp:10.0.0.1:29500"   # what the job's store says once it exists
-    assert {"k": "group", "name": "setup", "ranks": [0, 1]}.items() <= next(d for d in defs if d["k"] == "group").items()
+    assert ({"k": "group", "name": "setup", "ranks": [0, 1]}.items()
+            <= next(d for d in defs if d["k"] == "group").items())
     assert [d for d in defs if d["k"] == "exit"]

@@ -57,8 +57,8 @@ def test_small_even_jobs_name_nobody_whatever_the_draw():
     # few collectives put one of two ranks last 14 times in 20 now and then: chance, not a straggler
     for seed in range(200):
         rng = random.Random(seed)
-        assert stragglers.find(job(2, 20, lambda r, s: rng.expovariate(1 / 0.015))) == [], seed
-        assert stragglers.find(job(3, 12, lambda r, s: rng.expovariate(1 / 0.015))) == [], seed
+        assert stragglers.find(job(2, 20, lambda r, s, rng=rng: rng.expovariate(1 / 0.015))) == [], seed
+        assert stragglers.find(job(3, 12, lambda r, s, rng=rng: rng.expovariate(1 / 0.015))) == [], seed
 
 
 def test_a_rank_late_to_one_collective_of_each_step_is_named():
@@ -133,7 +133,8 @@ def test_where_the_late_rank_was_while_the_others_waited_comes_from_its_samples(
     assert [(w["func"], w["share"]) for w in s["where"]] == [("load_batch", 0.889), ("evaluate", 0.111)]
     assert s["gc_s"] == 0.05   # ten 5 ms collections inside its late windows, counted apart
     text = render_stragglers([s])
-    assert "while they waited it was at data.py:41 (load_batch) in 89 %, train.py:120 (evaluate) in 11 % of 225 samples" in text
+    assert ("while they waited it was at data.py:41 (load_batch) in 89 %, train.py:120 (evaluate) in 11 % "
+            "of 225 samples") in text
     assert "garbage collection held it 50 ms" in text
 
 
@@ -152,7 +153,8 @@ def test_odd_samples_are_passed_over():
                                      "gc": [[1], "y", [1000.0, 1000.03]]}
     snap["ranks"]["1"]["samples"] = "nothing"
     [s] = stragglers.find(snap)
-    assert s["samples"] == 1 and s["where"] == [{"file": "/job/data.py", "line": 41, "func": "load_batch", "share": 1.0}]
+    assert (s["samples"] == 1
+            and s["where"] == [{"file": "/job/data.py", "line": 41, "func": "load_batch", "share": 1.0}])
     assert s["gc_s"] == 0.03
 
 

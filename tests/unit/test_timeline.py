@@ -89,7 +89,8 @@ def test_the_examples_hang_is_a_track_per_rank_with_its_unfinished_waits(tmp_pat
     assert names(doc)[0].startswith("rank 0 (culprit)") and "culprit" not in names(doc)[3]
     by_rank = {e["pid"]: e for e in xs(doc)}
     assert len(xs(doc)) == 4
-    assert [by_rank[r]["name"] for r in range(4)] == ["barrier #1 (never completed)"] * 3 + ["broadcast #1 (never completed)"]
+    assert ([by_rank[r]["name"] for r in range(4)]
+            == ["barrier #1 (never completed)"] * 3 + ["broadcast #1 (never completed)"])
     assert all(e["args"]["unfinished"] for e in xs(doc))
     # drawn to the moment the snapshot describes: all four end together
     assert len({round(e["ts"] + e["dur"], 0) for e in xs(doc)}) == 1
@@ -115,7 +116,7 @@ def test_nccl_dumps_export_every_entry_and_queued_work_nests(tmp_path):
     d = ROOT / "tests" / "fixtures" / "nvrx-16rank" / "gpu_error_1st"   # NVIDIA's dumps, shipped with the tests
     doc = export(d, tmp_path)
     assert sorted(names(doc)) == list(range(16))
-    entries = {r: pickle.load(open(d / f"_dump_{r}", "rb"))["entries"] for r in range(16)}
+    entries = {r: pickle.loads((d / f"_dump_{r}").read_bytes())["entries"] for r in range(16)}
     assert collections.Counter(e["pid"] for e in xs(doc)) == {r: len(v) for r, v in entries.items() if v}
     assert all(e["args"]["unfinished"] for e in xs(doc))
     tracks = {(e["pid"], e["tid"]) for e in xs(doc)}
@@ -134,7 +135,8 @@ def test_overlapping_async_work_goes_to_an_extra_track_of_the_thread():
     assert problems(doc) == []
     tid = {e["name"]: e["tid"] for e in xs(doc)}
     assert tid["all_reduce #1"] == tid["all_reduce #3"] != tid["all_reduce #2"]
-    assert {e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"} == {"MainThread", "MainThread ·2"}
+    assert ({e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
+            == {"MainThread", "MainThread ·2"})
 
 
 def test_each_members_arrival_lag_is_on_its_slice_and_on_a_counter_track():

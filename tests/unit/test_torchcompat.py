@@ -42,12 +42,16 @@ def test_said_once_per_process_and_never_raises(monkeypatch):
 
 def test_the_range_is_what_ci_runs_and_the_floor_pyproject_asks_for():
     # the README's leg installs requirements-dev.txt's pin; .ci/run's other legs pin theirs
-    ci = "".join(open(os.path.join(ROOT, p)).read() for p in (".ci/run", "requirements-dev.txt"))
+    ci = ""
+    for p in (".ci/run", "requirements-dev.txt"):
+        with open(os.path.join(ROOT, p)) as f:
+            ci += f.read()
     for version in torchcompat.TESTED:
         assert f"torch=={version}" in ci, version
-    deps = open(os.path.join(ROOT, "pyproject.toml")).read()
+    with open(os.path.join(ROOT, "pyproject.toml")) as f:
+        deps = f.read()
     oldest = min(torchcompat.TESTED, key=torchcompat.minor)
-    assert re.search(r'"torch>=%d\.%d"' % torchcompat.minor(oldest), deps)   # a floor, no upper bound
+    assert re.search(r'"torch>={}\.{}"'.format(*torchcompat.minor(oldest)), deps)   # a floor, no upper bound
 
 
 def fake_torch(version="2.9.1+cu128", hooks=False, dump="off"):
@@ -78,8 +82,9 @@ def test_what_an_older_torch_cannot_name_is_found_by_feature():
         "all-reduces, calls on a ProcessGroup itself) are counted, not named")
     # torch 2.9: the dump is there, the recorder off by default: the line says how to turn it on
     note = torchcompat.unseen_note(fake_torch("2.9.1+cu128", dump="off"))
-    assert note.startswith("colltrace: torch 2.9 has no c10d collective hooks (torch 2.14+) and its Flight "
-                           "Recorder off: ") and note.endswith("; TORCH_FR_BUFFER_SIZE=2000 turns it on and has them named")
+    assert (note.startswith("colltrace: torch 2.9 has no c10d collective hooks (torch 2.14+) and its Flight "
+                            "Recorder off: ")
+            and note.endswith("; TORCH_FR_BUFFER_SIZE=2000 turns it on and has them named"))
     # named: the recorder on (2.11, 2.13), or c10d's hooks (2.14+) whatever the recorder; unreadable: nothing
     assert torchcompat.unseen_note(fake_torch("2.13.0", dump="on")) is None
     assert torchcompat.unseen_note(fake_torch("2.14.1", hooks=True, dump="off")) is None

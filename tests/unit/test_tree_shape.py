@@ -61,7 +61,8 @@ def test_the_root_asks_for_a_stuck_group_at_once_and_forgets_it_once_it_moves():
     fresh = tree.Suspicion()
     full = {"groups": {}, "ranks": {r: e for i in range(1, 9) for r, e in _entries(job, i, 11.0).items()}}
     assert {"0", simhosts.PAIR} <= fresh.update(full, 11.0)
-    moved = {"groups": {}, "ranks": {r: tree.vital(e) for i in range(1, 9) for r, e in _entries(simhosts.Job(64, 0.0, None), i, 12.0).items()}}
+    moved = {"groups": {}, "ranks": {r: tree.vital(e) for i in range(1, 9)
+                                     for r, e in _entries(simhosts.Job(64, 0.0, None), i, 12.0).items()}}
     assert fresh.update(moved, 12.0) == set()
 
 

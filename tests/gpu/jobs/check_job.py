@@ -82,7 +82,8 @@ if mode == "fr":
     counts = {}
     for name in ("_dump_nccl_trace_json", "_dump_fr_trace_json"):
         fn = getattr(c, name, None)
-        counts[name] = None if fn is None else len(json.loads(fn(includeCollectives=True, onlyActive=False)).get("entries") or [])
+        counts[name] = None if fn is None else len(
+            json.loads(fn(includeCollectives=True, onlyActive=False)).get("entries") or [])
     from colltrace.tracefile import asks
 
     directory = os.environ["COLLTRACE_DIR"]
@@ -94,7 +95,8 @@ if mode == "fr":
         answer = json.load(f)
     seq = dist.group.WORLD._get_sequence_number_for_group()
     say("FACTS", dumps=counts, answer_error=answer["error"], counter=seq,
-        answer=[(e["group"], e["seq"], e["op"]) for e in answer["entries"]], routes=recorder().cuda.routes() if CUDA else None)
+        answer=[(e["group"], e["seq"], e["op"]) for e in answer["entries"]],
+        routes=recorder().cuda.routes() if CUDA else None)
     dump = getattr(c, "_dump_nccl_trace" if CUDA else "_dump_fr_trace")
     os.makedirs(os.environ["FR_OUT"], exist_ok=True)
     with open(os.path.join(os.environ["FR_OUT"], f"nccl_trace_rank_{rank}"), "wb") as f:
@@ -137,7 +139,8 @@ elif mode == "runahead":
             time.sleep(120)   # never comes
         else:
             out = [torch.empty(64, device=device) for _ in range(world)]
-            work = dist.gather(t, out, dst=world - 1, group=ipc if shape == "cross" else None, async_op=not CUDA)  # op: r3_gather
+            work = dist.gather(t, out, dst=world - 1, group=ipc if shape == "cross" else None,  # op: r3_gather
+                               async_op=not CUDA)
             if work is not None:
                 work.wait()
             out[0].cpu()   # where a step would block
@@ -240,7 +243,8 @@ elif mode == "nosync":
     time.sleep(0.5)
     rec = recorder()
     pooled = {d: len(v) for d, v in rec.cuda._free.items()} if rec is not None and CUDA else None
-    say("NOSYNC", busy=busy, enqueue_s=round(enqueue_s, 3), us_per_call={k: round(statistics.median(v), 2) for k, v in res.items()},
+    say("NOSYNC", busy=busy, enqueue_s=round(enqueue_s, 3),
+        us_per_call={k: round(statistics.median(v), 2) for k, v in res.items()},
         pending_marks=len(rec._marks) if rec is not None else None, pooled_events=pooled,
         routes=rec.cuda.routes() if rec is not None and CUDA else None)
 

@@ -21,7 +21,7 @@ if scenario == "own_loader":
     model, opt = accelerator.prepare(model, opt)
 else:
     model, opt, loader = accelerator.prepare(model, opt, loader)
-for step, (x, y) in enumerate(loader):
+for _step, (x, y) in enumerate(loader):
     loss = torch.nn.functional.mse_loss(model(x), y)  # op: acc_forward
     accelerator.backward(loss)
     opt.step()

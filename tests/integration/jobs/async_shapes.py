@@ -42,7 +42,8 @@ if shape == "cross":
     # the reports' hang: the training ranks' all_reduce on the default group, the teacher's
     # gather on its own group; each side parks in a wait
     if rank == teacher:
-        w = dist.gather(torch.ones(2), [torch.empty(2) for _ in range(world)], dst=teacher, group=ipc, async_op=True)  # op: teacher_gather
+        w = dist.gather(torch.ones(2), [torch.empty(2) for _ in range(world)],  # op: teacher_gather
+                        dst=teacher, group=ipc, async_op=True)
         w.wait()  # op: teacher_parks
     else:
         run_ahead().wait()  # op: parks

@@ -27,7 +27,8 @@ def load_shard(how):
     if how == "error":
         raise ValueError("no shard for this rank")  # op: end_error
     if how == "interrupt":
-        signal.signal(signal.SIGINT, signal.default_int_handler)   # Ctrl-C as Python takes it, even run from a shell that ignores SIGINT (a background job)
+        # Ctrl-C as Python takes it, even run from a shell that ignores SIGINT (a background job)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.raise_signal(signal.SIGINT)  # op: end_interrupt
     return how != "return"   # return: the program ends early
 

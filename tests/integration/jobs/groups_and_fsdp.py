@@ -57,7 +57,8 @@ groups = {name: {"ranks": dist.get_process_group_ranks(pg), "seq": pg._get_seque
 names = {k: str(pg.group_name) for k, pg in (("dp", mesh.get_group("dp")), ("tp", mesh.get_group("tp")),
                                               ("sub", sub), ("world", dist.group.WORLD))}
 names["mixed"] = str(mixed.group_name)
-print("COUNTS " + json.dumps({"rank": rank, "groups": groups, "names": names, "compiled": y.tolist(), "mixed": mixed_seq}))
+print("COUNTS " + json.dumps({"rank": rank, "groups": groups, "names": names, "compiled": y.tolist(),
+                             "mixed": mixed_seq}))
 del model, opt, loss, mesh, sub, mixed   # nothing of ours may hold a group past its destruction (gloo aborts at exit)
 torch._dynamo.reset()   # nor the compiled function's guards
 dist.destroy_process_group()

@@ -11,7 +11,8 @@ import torch.distributed as dist
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-steps, load_s, late = int(os.environ.get("STEPS", "150")), float(os.environ.get("LOAD_S", "0.04")), os.environ.get("LATE_RANK", "2")
+steps, load_s, late = (int(os.environ.get("STEPS", "150")), float(os.environ.get("LOAD_S", "0.04")),
+                       os.environ.get("LATE_RANK", "2"))
 
 
 def load_batch(step):

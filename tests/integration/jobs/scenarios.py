@@ -40,7 +40,8 @@ def evaluate_forever():
 
 
 def teacher_gather():
-    dist.gather(torch.ones(2), [torch.empty(2) for _ in range(world)] if rank == 3 else None, dst=3, group=ipc)  # op: teacher_gather
+    dist.gather(torch.ones(2), [torch.empty(2) for _ in range(world)] if rank == 3 else None,  # op: teacher_gather
+                dst=3, group=ipc)
 
 
 def save_checkpoint():
