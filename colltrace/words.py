@@ -9,6 +9,8 @@ import functools
 import os
 import signal
 from collections import Counter
+from collections.abc import Mapping
+from typing import Any
 
 MAX_RANKS_TEXT = 72       # longer rank lists are abbreviated in prose (the JSON has them all)
 
@@ -85,7 +87,7 @@ def group_desc(desc) -> str:
     return "" if text == TORCH_UNDESCRIBED else text
 
 
-def group_label(g: dict) -> str:
+def group_label(g: Mapping[str, Any]) -> str:
     """"group 0 (default_pg, ranks 0-7)"; a group without a description by its ranks alone:
     "group 3 (ranks 0-1)"."""
     bits = [b for b in (group_desc(g.get("desc")), f"ranks {short_ranks(g.get('ranks'))}" if g.get("ranks") else "")

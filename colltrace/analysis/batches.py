@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from colltrace.analysis.view import JobView, to_int
 from colltrace.model.finding import DuplicateData
+from colltrace.model.parts import GroupRef, Loader
 from colltrace.model.schema import COMPLETED
 
 MIN_STEPS = 3      # identical sampled steps before it is a pattern
@@ -29,7 +30,7 @@ MIN_SHARE = 0.9    # of the sampled steps the ranks have in common
 class Duplicate:
     model: str                 # the model's id on its ranks (the order they wrapped their models)
     kind: str                  # DistributedDataParallel | FSDP
-    group: dict                # {"name", "desc", "ranks"}: the model's data-parallel group
+    group: GroupRef            # the model's data-parallel group
     ranks: list[int]           # the ranks that fed identical batches
     steps: list[int] = field(default_factory=list)   # the identical sampled steps
     compared: int = 0          # sampled steps all of `ranks` have a digest for
@@ -109,7 +110,7 @@ def find(snap: JobView) -> list[Duplicate]:
     return out
 
 
-def _loader(view, m: dict) -> dict | None:
+def _loader(view, m: dict) -> Loader | None:
     """The loader the rank read its last sampled batch from: its user's line, how it was made."""
     info = m.get("loader")
     if not isinstance(info, dict):
@@ -117,7 +118,7 @@ def _loader(view, m: dict) -> dict | None:
     frames = info.get("frames") if isinstance(info.get("frames"), list) else []
     own = view.origins.user_frames(frames) if view is not None else []
     at = (own or frames or [{}])[-1]
-    out = {"file": at.get("file"), "line": at.get("line"), "func": at.get("func")}
+    out: Loader = {"file": at.get("file"), "line": at.get("line"), "func": at.get("func")}
     for k in ("before_init", "sampler", "distributed", "num_replicas"):
         if info.get(k) is not None:
             out[k] = info[k]

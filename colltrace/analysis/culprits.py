@@ -19,7 +19,9 @@ No table of framework group names: only groups, sequence numbers and who waits o
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from colltrace.model.finding import Deadlock, DeadRank, Finding, Mismatch, Stall, UnmatchedP2P
 from colltrace.model.schema import EXITED
@@ -87,7 +89,7 @@ def _minority(f: Mismatch) -> list[int]:
     return sorted({r for c in odd for r in c["ranks"]})
 
 
-def _cycle_at(c: dict) -> Where:
+def _cycle_at(c: Mapping[str, Any]) -> Where:
     return Where(c.get("op"), c.get("seq"), c.get("group"))
 
 
@@ -111,7 +113,7 @@ def _roots(f: Finding) -> tuple[str, list[int], Reason | None]:
                 return "root", [f.rank], Reason("exited", how=str(ex["signal"]))
         return "root", [f.rank], Reason("died")
     if isinstance(f, Deadlock):
-        cyc = f.cycle or [{}]
+        cyc: Sequence[Mapping[str, Any]] = f.cycle or [{}]   # [{}]: read back without one
         first = cyc[0]
         missing = tuple(first.get("missing") or ())
         other = next((c for c in cyc[1:] if set(c.get("waiting") or ()) & set(missing)), None) if missing else None

@@ -5,11 +5,12 @@ one out). Facts only, as analysis/findings.py's verdicts put them together.
 """
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from colltrace.analysis.view import PENDING, JobView, RankView, Rec
 from colltrace.model.finding import Finding
-from colltrace.model.schema import IN_FLIGHT, NOT_IN_COLLECTIVE, UNKNOWN, UNREADABLE, WAITING
+from colltrace.model.parts import GroupRef, LookFirst, RankPart, UntracedNote
+from colltrace.model.schema import IN_FLIGHT, NOT_IN_COLLECTIVE, UNKNOWN, UNREADABLE, WAITING, Exit, Record
 
 F = TypeVar("F", bound=Finding)
 
@@ -18,11 +19,12 @@ ROUTINE_WINDOW = 64     # recent records per rank searched for the same call
 QUEUED_SHOWN = 4        # calls queued behind a rank's pending one, described in its entry
 
 
-def compact_record(raw: dict | None) -> dict | None:
+def compact_record(raw: dict | None) -> Record | None:
     if not isinstance(raw, dict):
         return None
-    return {k: raw.get(k) for k in ("op", "backend_op", "group", "seq", "state", "entered_at", "frames", "p2p", "peer")
-            if k in raw}
+    return cast(Record, {k: raw.get(k) for k in ("op", "backend_op", "group", "seq", "state", "entered_at", "frames",
+                                                 "p2p", "peer")
+                         if k in raw})
 
 
 UNTRACED_SITE = ("untraced",)
@@ -38,7 +40,7 @@ def call_site_of(view: RankView | None, raw) -> tuple:
     return (raw.get("op"),) + tuple((f.get("file"), f.get("line")) for f in frames)
 
 
-def probe_fields(e: dict, entry: dict) -> None:
+def probe_fields(e: RankPart, entry: dict) -> None:
     """What the watchdog's probes saw of a rank in no collective: which route gave its stack,
     its activity over the wait (progressing / frozen / blocked_io), threads that died."""
     for k in ("stack_via", "stack_errors", "activity", "thread_exceptions"):
@@ -54,7 +56,7 @@ class Evidence:
         self.now = now
         self._annotated: dict = {}   # id(frames list) -> (list, its copy with origins)
 
-    def group_info(self, name) -> dict:
+    def group_info(self, name) -> GroupRef:
         if name is None:
             return {"name": None, "desc": "", "ranks": []}
         g = self.snap.group(str(name))
@@ -73,7 +75,7 @@ class Evidence:
             return view.pending[-1]
         return None
 
-    def entry(self, rank: int, rec=None, where: bool = False) -> dict:
+    def entry(self, rank: int, rec=None, where: bool = False) -> RankPart:
         """The finding's view of one rank: the record it is in, or where it is instead."""
         v = self.snap.ranks.get(rank)
         if v is None:
@@ -84,7 +86,8 @@ class Evidence:
             rec = self.current(v)
         if rec is not None:
             if isinstance(rec, Rec):
-                e = dict(rec.raw)   # the record as recorded (a C-speed copy: 16k ranks wait in one finding)
+                # the record as recorded (a C-speed copy: 16k ranks wait in one finding)
+                e = cast(RankPart, dict(rec.raw))
                 if rec.p2p:
                     e["p2p"] = True
                     e["peer"] = rec.peer
@@ -103,7 +106,7 @@ class Evidence:
                 if k is not None and k.waits_for_ranks and k.targets():
                     e["waiting_for"] = k.targets()
             else:
-                e = dict(rec)
+                e = cast(RankPart, dict(rec))
             e["state"] = str(e.get("state"))
         else:
             e = {"state": NOT_IN_COLLECTIVE, "frames": v.stack or []}
@@ -127,7 +130,7 @@ class Evidence:
             e["pid"] = v.pid
         if v.dead:
             e["state"] = v.status
-            e["exit"] = v.exit
+            e["exit"] = cast("Exit | None", v.exit)
             e["died_at"] = v.entry.get("died_at")
             if v.stack:
                 e["stack"] = v.stack
@@ -139,7 +142,7 @@ class Evidence:
                 e["native_exception"] = v.native_exception
             if v.native and v.native_other_thread:
                 e["native_other_thread"] = True
-        self.mark_origins(v, e)
+        self.mark_origins(v, cast(dict, e))   # rewrites its frames' keys in place
         return e
 
     def annotated_frames(self, v: RankView, frames):
@@ -285,7 +288,7 @@ class Evidence:
             return min(range(len(classes)), key=lambda i: len(classes[i][0])), "minority"
         return None, "undecided"
 
-    def base(self, cls: type[F], key: str, name, seq, missing, ranks: dict, **fields) -> F:
+    def base(self, cls: type[F], key: str, name, seq, missing, ranks: dict[str, RankPart], **fields) -> F:
         """A finding of kind `cls` on group `name` with the fields every finding has, and this
         kind's `fields` (which may give `group` and `groups` as the ranks described them)."""
         if "groups" not in fields:
@@ -301,9 +304,9 @@ class Evidence:
             fields["group"] = self.group_info(name)
         return cls(key=key, detected_at=self.now, seq=seq, missing_ranks=sorted(missing), ranks=ranks, **fields)
 
-    def untraced_before(self, group: str, seq: int, ranks) -> list[dict]:
+    def untraced_before(self, group: str, seq: int, ranks) -> list[UntracedNote]:
         """Counted-but-unseen collectives right before `seq`, for the first rank of each class."""
-        out = []
+        out: list[UntracedNote] = []
         for rank in ranks:
             v = self.snap.ranks.get(rank)
             prev = v.record_before(group, seq) if v else None
@@ -312,11 +315,11 @@ class Evidence:
         return out
 
     @staticmethod
-    def rank_sorted_entries(pairs) -> dict:
+    def rank_sorted_entries(pairs) -> dict[str, RankPart]:
         return {str(r): e for r, e in sorted(pairs, key=lambda x: x[0])}
 
     @staticmethod
-    def first_class(table: dict[str, dict], ranks) -> list[int]:
+    def first_class(table: dict[str, RankPart], ranks) -> list[int]:
         """The first of `ranks` and those doing the same thing at the same place (in a finding's
         rank table)."""
         rs = sorted(ranks)
@@ -329,7 +332,7 @@ class Evidence:
         return [r for r in rs if key(table.get(str(r)) or {}) == k0]
 
     @staticmethod
-    def look(why: str, classes: list[list[int]], odd: int | None) -> dict:
+    def look(why: str, classes: list[list[int]], odd: int | None) -> LookFirst:
         if odd is None:
             return {"ranks": sorted(r for rs in classes for r in rs), "rank": None, "reason": why,
                     "sides": [{"ranks": rs, "rank": rs[0]} for rs in classes]}

@@ -11,12 +11,15 @@ stall / unmatched_p2p. Ranks stuck only because of a reported problem are listed
 """
 from __future__ import annotations
 
+from typing import cast
+
 from colltrace.analysis import batches, duplicates
 from colltrace.analysis.evidence import ROUTINE_SAMPLE, ROUTINE_WINDOW, Evidence, call_site_of, compact_record
 from colltrace.analysis.matching import Disagreement, check_collective
 from colltrace.analysis.view import JobView, RankView, Rec
 from colltrace.analysis.waitgraph import Key, WaitGraph, coll_name
 from colltrace.model.finding import Deadlock, DeadRank, DuplicateData, Finding, Mismatch, Stall, UnmatchedP2P
+from colltrace.model.parts import CycleStep, FailedCall, LookFirst, WaitingCall
 from colltrace.model.schema import ALIVE, EXIT_CALLS, EXITED, INTERRUPTED, NATIVE_EXIT, RAISED, RETURNED, WAITING
 from colltrace.origins import called, innermost_user
 
@@ -72,6 +75,11 @@ def _frame_refs(f: Finding) -> None:
     look["user_frame"] = i
     look["framework_frame"] = (j if j is not None and isinstance(frames[j], dict)
                                and frames[j].get("origin") == "framework" else None)
+
+
+class FailedBecause(FailedCall, total=False):
+    """A `failed` item while it is built: the failed records by rank, dropped before it is written."""
+    records: dict[int, dict]
 
 
 class Analysis:
@@ -318,7 +326,7 @@ class Analysis:
         keys = [g.key_at(u) for u in (g.rev[node] if node is not None else []) if g.is_key(u)]
         keys.sort(key=lambda k: (-len(k.waiters), k.name))
         pairs = [(rank, self.ev.entry(rank, where=True))]
-        waiting: list[dict] = []
+        waiting: list[WaitingCall] = []
         own = {rank}
         for k in keys:
             rs = sorted({w.rank for w in k.waiters})
@@ -378,14 +386,14 @@ class Analysis:
                 out.add(rank)
         return out
 
-    def _failed_because(self, rank: int) -> list[dict]:
+    def _failed_because(self, rank: int) -> list[FailedBecause]:
         """Collectives that failed on other ranks because this one is gone (gloo: "Connection
         closed by peer"): on a group it belongs to, at a number it never entered or died inside;
         or a p2p op with it. One item per (group, number, op), biggest first."""
         dead = self.snap.ranks[rank]
         # when it wrote its ending (not when a watchdog saw it gone: a poll, or more, later)
         ended_at = _number((dead.exit or {}).get("at"))
-        out: dict[tuple, dict] = {}
+        out: dict[tuple, FailedBecause] = {}
         for other, view in self.snap.ranks.items():
             if other == rank:
                 continue
@@ -461,17 +469,18 @@ class Analysis:
                     own.add(r)
                     pairs.append((r, self.ev.entry(r, where=True)))
         ranks = self.ev.rank_sorted_entries(pairs)
-        cycle = []
+        cycle: list[CycleStep] = []
         for k in order:
-            item = {"key": k.name, "group": k.group, "seq": k.seq, "p2p": k.p2p, "op": k.waiters[0].op,
+            item: CycleStep = {"key": k.name, "group": k.group, "seq": k.seq, "p2p": k.p2p, "op": k.waiters[0].op,
                     "waiting": sorted({w.rank for w in k.waiters}), "missing": sorted(set(k.targets()))}
             if k.p2p:
                 item["peer"] = k.waiters[0].peer
                 item["posted"] = k.posted
             cycle.append(item)
         # the odd call out: the key whose waiters left their own pattern, else the least routine
-        look = {"ranks": cycle[0]["waiting"], "rank": primary.waiters[0].rank, "key": primary.name,
-                "reason": marks[primary.name] if marks[primary.name] in ("left", "new") else "odd_call"}
+        look: LookFirst = {"ranks": cycle[0]["waiting"], "rank": primary.waiters[0].rank, "key": primary.name,
+                           "reason": (cast(str, marks[primary.name]) if marks[primary.name] in ("left", "new")
+                                      else "odd_call")}
         f = self.ev.base(Deadlock, "deadlock:" + ",".join(sorted(k.name for k in keys)), primary.group,
                          primary.seq, primary.targets(), ranks, cycle=cycle,
                          waited_s=round((max(k.ended_at for k in keys) or self.now)
@@ -502,7 +511,7 @@ class Analysis:
             # work queued ahead of the collective, which is then not what hangs
             not_started = sorted({w.rank for w in k.waiters
                                   if w.raw.get("start_event") and w.raw.get("started_at") is None}) or None
-            look = {"ranks": not_started or waiting, "rank": (not_started or waiting)[0],
+            look: LookFirst = {"ranks": not_started or waiting, "rank": (not_started or waiting)[0],
                     "reason": "gpu_queue" if not_started else "backend"}
         elif k.any_of:
             # any rank may set the key: the line that waits for it, and which rank was to set it

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import bisect
 import operator
+from typing import cast
 
 from colltrace.analysis.view import MATCHING_OP, UNEVEN_OPS, JobView, Rec, is_object_op
+from colltrace.model.parts import MismatchClass
 
 FIELDS = ("op", "shapes", "dtypes", "reduce_op", "root", "members", "detail")
 
@@ -23,7 +25,7 @@ class Disagreement:
         self.group = group
         self.seq = seq
         self.differs = differs          # fields that differ, in FIELDS order
-        self.classes = classes          # [{"ranks": [...], "op": ..., "backend_op": ..., <differing fields>}]
+        self.classes: list[MismatchClass] = classes   # ranks alike in the op and every differing field
         self.records = records          # rank -> raw record at (group, seq)
         self.not_entered = not_entered  # members that have not reached it
         self.key: str | None = None     # the wait it explains, where that is at a later number (a group creation)
@@ -117,7 +119,7 @@ def check_collective(snap: JobView, group: str, seq: int, at_hand: list[tuple[in
     if differs == ["members"] and all(len(rs) == 1 and _alone(records[rs[0]], rs[0]) for rs in by_sig.values()):
         return None   # each rank made a group of itself alone (new_group([get_rank()])): no two collide
     # Classes: ranks alike in the API op and every differing field.
-    classes: dict[str, dict] = {}
+    classes: dict[str, MismatchClass] = {}
     for sig, ranks in by_sig.items():
         op, bop, shapes, dtypes, redop, root, members, detail = sig
         proj = {"op": op, "backend_op": bop}
@@ -137,9 +139,9 @@ def check_collective(snap: JobView, group: str, seq: int, at_hand: list[tuple[in
         if "detail" in differs:
             proj["detail"] = detail
         key = repr(sorted(proj.items()))
-        c = classes.setdefault(key, dict(proj, ranks=[]))
+        c = classes.setdefault(key, cast(MismatchClass, dict(proj, ranks=[])))
         c["ranks"].extend(ranks)
-    out = []
+    out: list[MismatchClass] = []
     for c in classes.values():
         c["ranks"].sort()
         if any(records[r].get("untraced") for r in c["ranks"]):

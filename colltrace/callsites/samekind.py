@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from colltrace import origins
 from colltrace.callsites import scan
 from colltrace.model.finding import Deadlock, Finding, Stall
+from colltrace.model.parts import SameKindSite
 from colltrace.origins import user_frames
 
 KINDS = ("deadlock", "stall")
@@ -58,7 +61,7 @@ def _load(path: str):
 
 def _waiting(f: Finding) -> list[int]:
     if isinstance(f, Deadlock):
-        cycle = f.cycle or [{}]
+        cycle: Sequence[Mapping[str, Any]] = f.cycle or [{}]   # [{}]: read back without one
         return list(cycle[0].get("waiting") or [])
     return list(f.waiting) if isinstance(f, Stall) else []
 
@@ -68,7 +71,7 @@ def _is_default(f: Finding) -> bool:
     return g.get("desc") == "default_pg" or str(g.get("name")) == "0"
 
 
-def sites_for(f: Finding) -> list[dict]:
+def sites_for(f: Finding) -> list[SameKindSite]:
     """The same-kind call sites of one finding (empty when it is not a "never called" hang)."""
     if f.kind not in KINDS or not f.missing_ranks:
         return []

@@ -18,6 +18,8 @@ import ast
 import os
 from dataclasses import dataclass, field
 
+from colltrace.model.parts import SameKindSite
+
 # op -> index of the group parameter when passed positionally (torch.distributed's signatures)
 GROUP_POS = {
     "all_reduce": 2, "all_reduce_coalesced": 2, "all_gather": 2, "all_gather_into_tensor": 2,
@@ -50,8 +52,8 @@ class CallSite:
     why_default: str = ""   # maybe_default: where the None may come from (`group = None if ... else ...`)
     node: ast.Call | None = field(repr=False, compare=False, default=None)
 
-    def as_dict(self) -> dict:
-        d = {"file": self.file, "line": self.line, "func": self.func, "op": self.op, "group": self.group}
+    def as_dict(self) -> SameKindSite:
+        d: SameKindSite = {"file": self.file, "line": self.line, "func": self.func, "op": self.op, "group": self.group}
         if self.group_kind == "maybe_default":
             d["may_be_default"] = self.why_default or True
         return d

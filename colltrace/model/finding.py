@@ -8,15 +8,30 @@ in the order they have always been written, a key left out where it always was),
 `extra`, keys it knows but the object lacked stay absent, so `to_json(from_json(d)) == d`.
 
 Per-rank entries, `look_first`, `cycle`, `classes` and the like stay JSON-ready dicts: they are
-passed through as recorded. Each field has one stage that writes it: the analyzer the facts,
-`reporters.text.summarize` the `summary` and `advice` (on a copy), `callsites.samekind` the
-`same_kind` call sites and the watchdog `supersedes` / `superseded_by` (in place: the findings it
-has reported are the ones that change).
+passed through as recorded (their keys: the TypedDicts of colltrace/model/parts.py). Each field
+has one stage that writes it: the analyzer the facts, `reporters.text.summarize` the `summary`
+and `advice` (on a copy), `callsites.samekind` the `same_kind` call sites and the watchdog
+`supersedes` / `superseded_by` (in place: the findings it has reported are the ones that change).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
+
+from colltrace.model.parts import (
+    CycleStep,
+    FailedCall,
+    GroupRef,
+    Loader,
+    LookFirst,
+    MismatchClass,
+    RankPart,
+    SameKindSite,
+    UntracedNote,
+    WaitingCall,
+)
+from colltrace.model.schema import Exit, Record
 
 # The keys every finding starts with and ends with, in the order they are written.
 HEAD = ("kind", "key", "detected_at", "summary", "advice", "group", "seq", "missing_ranks", "ranks", "groups")
@@ -30,17 +45,17 @@ class Finding:
     detected_at: float = 0.0
     summary: str = ""             # the paragraph: reporters.text.summarize
     advice: str = ""              # its "Look first at ..." sentence alone
-    group: dict = field(default_factory=dict)                 # {"name", "desc", "ranks"}
+    group: GroupRef = field(default_factory=cast("Callable[[], GroupRef]", dict))   # {} until the analyzer sets it
     seq: int | None = None
     missing_ranks: list[int] = field(default_factory=list)
-    ranks: dict[str, dict] = field(default_factory=dict)      # rank (a string) -> its entry
-    groups: dict[str, dict] = field(default_factory=dict)     # every group mentioned, by name
-    look_first: dict | None = None
+    ranks: dict[str, RankPart] = field(default_factory=dict)  # rank (a string) -> its entry
+    groups: dict[str, GroupRef] = field(default_factory=dict)  # every group mentioned, by name
+    look_first: LookFirst | None = None
     behind: list[int] | None = None                           # ranks stuck only because of this one
     unreadable_ranks: list[int] | None = None
     unreadable: dict[str, str] | None = None
     supersedes: list[str] | None = None                       # the watchdog's
-    same_kind: list[dict] | None = None                       # callsites.samekind's
+    same_kind: list[SameKindSite] | None = None               # callsites.samekind's
     superseded_by: str | None = None                          # the watchdog's
     extra: dict[str, Any] = field(default_factory=dict)       # keys this version does not know
     absent: frozenset[str] = field(default=frozenset(), repr=False)   # required keys the JSON read lacked
@@ -84,8 +99,8 @@ class Finding:
 class Mismatch(Finding):
     kind: str = "mismatch"
     differs: list[str] = field(default_factory=list)      # op, shapes, dtypes, reduce_op, root
-    classes: list[dict] = field(default_factory=list)     # ranks grouped by what they called
-    untraced_before: list[dict] | None = None
+    classes: list[MismatchClass] = field(default_factory=list)   # ranks grouped by what they called
+    untraced_before: list[UntracedNote] | None = None
 
     OPTIONAL = Finding.OPTIONAL | {"untraced_before"}
 
@@ -96,7 +111,7 @@ class Mismatch(Finding):
 @dataclass(kw_only=True)
 class Deadlock(Finding):
     kind: str = "deadlock"
-    cycle: list[dict] = field(default_factory=list)       # every collective of the wait-for cycle
+    cycle: list[CycleStep] = field(default_factory=list)  # every collective of the wait-for cycle
     waited_s: float = 0.0
 
     def own_keys(self) -> tuple[str, ...]:
@@ -107,11 +122,11 @@ class Deadlock(Finding):
 class DeadRank(Finding):
     kind: str = "dead_rank"
     rank: int = -1
-    exit: dict | None = None
+    exit: Exit | None = None
     died_at: float | None = None
-    last_collective: dict | None = None
-    waiting: list[dict] = field(default_factory=list)     # the collectives waiting for it
-    failed: list[dict] = field(default_factory=list)      # the collectives that failed because of it
+    last_collective: Record | None = None   # compact: evidence.compact_record
+    waiting: list[WaitingCall] = field(default_factory=list)   # the collectives waiting for it
+    failed: list[FailedCall] = field(default_factory=list)    # the collectives that failed because of it
     also_missing: list[int] | None = None
     waited_s: float | None = None
 
@@ -128,7 +143,7 @@ class Stall(Finding):
     waited_s: float = 0.0
     waiting: list[int] = field(default_factory=list)
     unknown_ranks: list[int] | None = None
-    untraced_before: list[dict] | None = None
+    untraced_before: list[UntracedNote] | None = None
     completed_ranks: list[int] | None = None
     not_started: list[int] | None = None   # completion: ranks whose GPU has not reached it (work queued ahead)
     # a p2p stall: the waiting side, its peer, the op, the peer's count of matching ops
@@ -170,7 +185,7 @@ class DuplicateData(Finding):
     calls: int = 0
     seqs: list[int] = field(default_factory=list)
     digest: str | None = None
-    loader: dict | None = None
+    loader: Loader | None = None
 
     OPTIONAL = Finding.OPTIONAL | {"source", "model", "op", "loader"}
 

@@ -104,6 +104,8 @@ class Exit(TypedDict, total=False):
     at_exit: bool           # the signal came after its program had finished
     note: str               # gone without a trace
     ended_by: str           # "colltrace": COLLTRACE_ON_HANG=abort ended it (with why, at, finding)
+    why: str                # ended_by: why it acted (host/actions.py; tracefile/endings.py exit_info)
+    finding: str | None     # ended_by: the finding's key
 
 
 class RankEntry(TypedDict, total=False):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from colltrace.model.finding import Finding, Stall
+from colltrace.model.parts import RankPart
 from colltrace.reporters.locations import user_location, where
 from colltrace.reporters.phrases import capitalized, first_line, verb_for
 from colltrace.words import frame_text, rank_word, sorted_ranks
@@ -10,7 +11,7 @@ from colltrace.words import frame_text, rank_word, sorted_ranks
 ROUTES = {"in-process": "the rank's own thread", "signal": "faulthandler's signal", "py-spy": "py-spy"}
 
 
-def activity_text(rank, e: dict) -> str | None:
+def activity_text(rank, e: RankPart) -> str | None:
     """"rank 0: busy, 8.7 s of CPU in eval.py:40 (long_eval) over the last 9.0 s" and the like."""
     a = e.get("activity") if isinstance(e, dict) else None
     via = ROUTES.get(str(e.get("stack_via"))) if isinstance(e, dict) else None
@@ -38,7 +39,7 @@ def activity_text(rank, e: dict) -> str | None:
     return text + (f" (stack by {via})" if via else "")
 
 
-def _thread_death_lines(rank, e: dict) -> list[str]:
+def _thread_death_lines(rank, e: RankPart) -> list[str]:
     out = []
     for x in (e.get("thread_exceptions") or [])[-1:]:
         if isinstance(x, dict):

@@ -3,9 +3,12 @@ own history (look_first)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import Any, cast
 
 from colltrace.model.finding import Deadlock, DeadRank, DuplicateData, Finding, Mismatch, Stall, UnmatchedP2P
-from colltrace.model.schema import EXIT_CALLS, EXITED, UNKNOWN, UNREADABLE
+from colltrace.model.parts import LookFirst, MismatchClass, RankPart
+from colltrace.model.schema import EXIT_CALLS, EXITED, UNKNOWN, UNREADABLE, Exit
 from colltrace.reporters.locations import call_site, classes, exit_location, locations_text, user_location, where
 from colltrace.reporters.phrases import (
     PENDING_STATES,
@@ -25,7 +28,7 @@ from colltrace.reporters.phrases import (
 from colltrace.words import and_list, rank_word
 
 
-def _history_clause(look: dict) -> str:
+def _history_clause(look: Mapping[str, Any]) -> str:
     """Why this side and not the other, from the job's own history."""
     rs, vs = look.get("ranks") or [], look.get("versus") or []
     why = look.get("reason")
@@ -39,7 +42,7 @@ def _history_clause(look: dict) -> str:
     return ""
 
 
-def _advice_mismatch(f: Mismatch, look: dict) -> str:
+def _advice_mismatch(f: Mismatch, look: LookFirst) -> str:
     table = f.ranks
     cls = [c for c in f.classes if c.get("ranks")]
     g, seq = f.group.get("name"), f.seq
@@ -50,9 +53,11 @@ def _advice_mismatch(f: Mismatch, look: dict) -> str:
         return (f"Look first at both sides of {number_phrase(g, seq)}: " + "; ".join(sides) +
                 ". Neither the job's history nor a majority tells which side left the pattern.")
     odd = set(look.get("ranks") or [])
-    mine = next((c for c in cls if set(c["ranks"]) == odd), None) or {"ranks": sorted(odd), "op": "?"}
+    mine: MismatchClass | dict[str, Any] = (next((c for c in cls if set(c["ranks"]) == odd), None)
+                                            or {"ranks": sorted(odd), "op": "?"})
     rest = [c for c in cls if c is not mine]
-    other = max(rest, key=lambda c: (len(c["ranks"]), -min(c["ranks"]))) if rest else {"ranks": [], "op": "?"}
+    other: MismatchClass | dict[str, Any] = (max(rest, key=lambda c: (len(c["ranks"]), -min(c["ranks"]))) if rest
+                                             else {"ranks": [], "op": "?"})
     loc = call_site((table.get(str(look.get("rank"))) or {}).get("frames")) or "the call"
     loc2 = user_location((table.get(str(sorted(other["ranks"])[0])) or {}).get("frames")) if other["ranks"] else None
     who, them = rank_word(mine["ranks"]), rank_word(other["ranks"])
@@ -70,12 +75,12 @@ _ONE_RANK = ("while the other ranks went on to collectives it never joins: take 
              "(agree on the condition with an all_reduce) or end the whole job")
 
 
-def _advice_dead(f: DeadRank, look: dict) -> str:
+def _advice_dead(f: DeadRank, look: LookFirst) -> str:
     rank = f.rank
     e = f.ranks.get(str(rank)) or {}
     how = exit_text(e)
     why = look.get("reason")
-    ex: dict = e["exit"] if isinstance(e.get("exit"), dict) else {}
+    ex: Exit = cast(Exit, e["exit"]) if isinstance(e.get("exit"), dict) else {}
     exc = ex.get("exception")
     at = (exit_location if ex.get("how") in EXIT_CALLS else user_location)(e["stack"]) if e.get("stack") else None
     if ex.get("at_exit") and not f.waiting and not f.failed:
@@ -112,7 +117,7 @@ def _advice_dead(f: DeadRank, look: dict) -> str:
     return f"Look first at why rank {rank} {how}: its log, and the kernel log (dmesg) for the OOM killer."
 
 
-def _advice_deadlock(f: Deadlock, look: dict) -> str:
+def _advice_deadlock(f: Deadlock, look: LookFirst) -> str:
     cycle = f.cycle
     if not cycle:
         return ""
@@ -139,11 +144,11 @@ def _advice_deadlock(f: Deadlock, look: dict) -> str:
     return text + _history_clause(dict(look, ranks=waiting, versus=missing))
 
 
-def _thread_deaths(e: dict) -> list[dict]:
+def _thread_deaths(e: RankPart) -> list[dict]:
     return [x for x in e.get("thread_exceptions") or [] if isinstance(x, dict)]
 
 
-def _thread_death_advice(e: dict, who: str, goal: str) -> str:
+def _thread_death_advice(e: RankPart, who: str, goal: str) -> str:
     """A rank one of whose threads died of an exception: that is the first cause (the main thread
     then waits for what the thread would have done)."""
     x = _thread_deaths(e)[-1]
@@ -152,7 +157,7 @@ def _thread_death_advice(e: dict, who: str, goal: str) -> str:
             f"({first_line(x.get('message') or '')}), and {who} waits at {where(e)} instead of reaching {goal}.")
 
 
-def _advice_stall(f: Stall, look: dict) -> str:
+def _advice_stall(f: Stall, look: LookFirst) -> str:
     table = f.ranks
     waiting = f.waiting
     sample = sample_entry(f, waiting)
@@ -199,7 +204,7 @@ def _advice_stall(f: Stall, look: dict) -> str:
             f"{verb_for(rs, 'it never reaches', 'they never reach')} {goal}.")
 
 
-def _advice_p2p(f: Stall | UnmatchedP2P, look: dict) -> str:
+def _advice_p2p(f: Stall | UnmatchedP2P, look: LookFirst) -> str:
     table = f.ranks
     a, c = f.rank, f.peer
     op = f.op or ((table.get(str(a)) or {}).get("op"))

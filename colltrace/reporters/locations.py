@@ -6,8 +6,11 @@ analyzer from the rank's recorded roots (colltrace/origins.py); a frame without 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import Any
 
 from colltrace.model.finding import Finding
+from colltrace.model.parts import RankPart
 from colltrace.model.schema import UNKNOWN
 from colltrace.origins import FRAMEWORK, USER, callable_name, called, for_roots, innermost_user, is_wrapper, origin_of
 from colltrace.words import frame_text, rank_word, sorted_ranks
@@ -120,16 +123,16 @@ class FramesMemo:
 _user_location = FramesMemo(user_location)
 
 
-def where(entry: dict) -> str:
+def where(entry: Mapping[str, Any]) -> str:
     return _user_location(entry.get("frames")) or "an unknown place (no frames recorded)"
 
 
-def classes(finding: Finding, ranks, key=None) -> list[tuple[list[int], dict]]:
+def classes(finding: Finding, ranks, key=None) -> list[tuple[list[int], RankPart]]:
     """Ranks grouped by what they do and where: [(ranks, a sample entry)], by first rank."""
     table = finding.ranks
     key = key or (lambda e: (e.get("state"), e.get("op"), e.get("group"), e.get("seq"), e.get("peer"), where(e)))
     groups: dict = {}
-    unknown = {"state": UNKNOWN}
+    unknown: RankPart = {"state": UNKNOWN}
     for r in sorted_ranks(ranks):
         e = table.get(str(r)) or unknown
         k = key(e)

@@ -9,8 +9,11 @@ else the innermost frame itself (a crash in libc's memset called through ctypes 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import Any
 
 from colltrace.model.finding import Finding
+from colltrace.model.parts import RankPart
 
 # objects (by the start of their file name) that are the machinery around a library's own code
 RUNTIME = ("libc.so", "libc-", "libm.so", "libpthread", "libdl.so", "librt.so", "ld-linux", "ld-musl", "ld64.so",
@@ -69,7 +72,7 @@ def _one_line(text, limit: int = 300) -> str:
     return s if len(s) <= limit else s[:limit - 1] + "…"
 
 
-def place(e: dict) -> str:
+def place(e: Mapping[str, Any]) -> str:
     """" (an uncaught std::runtime_error: boom) in libx.so (f), at libc.so.6 (raise)": where a
     dead rank's native frames say it died; "" without them."""
     text = ""
@@ -87,7 +90,7 @@ def place(e: dict) -> str:
     return text
 
 
-def live_clause(e: dict) -> str:
+def live_clause(e: RankPart) -> str:
     """" (in native code: libgloo.so (wait))": where a live rank's main thread is below Python."""
     fr = named(e.get("native_frames"))
     return f" (in native code: {frame_text(fr)})" if fr is not None else ""

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping
+from typing import Any, cast
 
 from colltrace.model.finding import Finding, Mismatch, Stall
+from colltrace.model.parts import GroupRef, RankPart
 from colltrace.model.schema import (
     EXIT_CALLS,
     EXITED,
@@ -18,6 +21,8 @@ from colltrace.model.schema import (
     SETUP_LOCAL,
     STORE_WAIT,
     WAITING,
+    Exit,
+    Record,
 )
 from colltrace.words import group_label, rank_word, sorted_ranks
 
@@ -35,7 +40,7 @@ def verb_for(ranks, singular: str, plural: str) -> str:
     return singular if len(set(ranks or ())) == 1 else plural
 
 
-def _group(finding: Finding, name) -> dict | None:
+def _group(finding: Finding, name) -> GroupRef | None:
     g = finding.groups.get(str(name))
     if g is None and str(finding.group.get("name")) == str(name):
         g = finding.group
@@ -48,7 +53,7 @@ def group_phrase(finding: Finding, name) -> str:
     return group_label(dict(g, name=name)) if g else f"group {name}"
 
 
-def direction_word(e: dict) -> str:
+def direction_word(e: Record) -> str:
     op = str(e.get("op") or "")
     backend = str(e.get("backend_op") or op)
     if backend == "batch_p2p":
@@ -69,7 +74,7 @@ def setup_kind(group) -> str | None:
     return None
 
 
-def store_key(group, e: dict | None = None) -> str:
+def store_key(group, e: Record | None = None) -> str:
     """The key a store wait waits for: its record's, else its group's name."""
     key = (e or {}).get("detail")
     return str(key) if key is not None else str(group)[len(STORE_WAIT):]
@@ -100,7 +105,7 @@ def call_at(op, seq, group) -> str:
     return f"{op + ' ' if op else ''}#{seq} on group {group}"
 
 
-def setup_phrase(finding: Finding, e: dict) -> str:
+def setup_phrase(finding: Finding, e: Record) -> str:
     """"new_group #3 (ranks 0-3)", "init_device_mesh #2 (its new_group of ranks 0-1)", "new_group #1
     among ranks 0-1 alone (ranks 0-1)", "store.get('ready') on the job's store"."""
     op, seq, group = e.get("op") or "?", e.get("seq"), e.get("group")
@@ -108,7 +113,7 @@ def setup_phrase(finding: Finding, e: dict) -> str:
     if kind == "store":
         again = f" (its wait #{seq} for it)" if isinstance(seq, int) and seq > 1 else ""
         return f"{op}({store_key(group, e)!r}) on the job's store{again}"
-    g = _group(finding, group) or {}
+    g: GroupRef | dict[str, Any] = _group(finding, group) or {}
     asked = e.get("members") if isinstance(e.get("members"), list) else g.get("ranks")
     what = rank_word(asked) if asked else ""
     bop = e.get("backend_op")
@@ -120,7 +125,7 @@ def setup_phrase(finding: Finding, e: dict) -> str:
     return f"{op} #{seq}{among} ({what})" if what else f"{op} #{seq}{among}"
 
 
-def op_phrase(finding: Finding, e: dict, full_group: bool = True) -> str:
+def op_phrase(finding: Finding, e: Record, full_group: bool = True) -> str:
     """"barrier #5 on group 0 (default_pg, ranks 0-7)" or "recv from rank 3 (#2 between them) on group 0"."""
     if e.get("setup"):
         return setup_phrase(finding, e)
@@ -138,7 +143,7 @@ def seconds(x) -> str:
         return "? s"
 
 
-def exit_text(e: dict, at: str | None = None) -> str:
+def exit_text(e: Mapping[str, Any], at: str | None = None) -> str:
     """How a rank ended: "died of SIGSEGV", "exited with code 3 at job.py:14 (load_shard), called
     sys.exit", "exited with code 1 (ValueError: bad batch)", "was killed (…)". `at`: where its
     exit call was made (the user's line), said after the code."""
@@ -182,8 +187,8 @@ def clock(t) -> str:
         return "?"
 
 
-def _ended_by_colltrace(e: dict) -> bool:
-    return isinstance(e.get("exit"), dict) and e["exit"].get("ended_by") == "colltrace"
+def _ended_by_colltrace(e: RankPart) -> bool:
+    return isinstance(e.get("exit"), dict) and cast(Exit, e["exit"]).get("ended_by") == "colltrace"
 
 
 def died_since(f: Finding, dead: list[int], still: str = "") -> str:
@@ -197,7 +202,7 @@ def died_since(f: Finding, dead: list[int], still: str = "") -> str:
     if others:
         text += f" {capitalized(rank_word(others))} {verb_for(others, 'has', 'have')} died since{still}."
     if ended:
-        ex = table[str(ended[0])]["exit"]
+        ex = cast(Exit, table[str(ended[0])]["exit"])   # a dict: _ended_by_colltrace
         text += f" colltrace then ended {rank_word(ended)} (abort: {ex.get('why')}) at {clock(ex.get('at'))}."
     return text
 
@@ -225,8 +230,8 @@ def backend_ended(f: Finding, ranks: list[int]) -> str:
     return text
 
 
-def _exit_short(e: dict) -> str:
-    ex: dict = e["exit"] if isinstance(e.get("exit"), dict) else {}
+def _exit_short(e: RankPart) -> str:
+    ex: Exit = cast(Exit, e["exit"]) if isinstance(e.get("exit"), dict) else {}
     if e.get("status") == EXITED and ex.get("code") is not None:
         return f"exited with code {ex['code']}"
     if ex.get("signal"):
@@ -259,9 +264,10 @@ def who_phrase(finding: Finding, ranks, group=None) -> str:
     return rank_word(rs)
 
 
-def sample_entry(finding: Finding, ranks) -> dict:
+def sample_entry(finding: Finding, ranks) -> RankPart:
     table = finding.ranks
-    return next((table[str(r)] for r in sorted_ranks(ranks) if str(r) in table), {})
+    none: RankPart = {}
+    return next((table[str(r)] for r in sorted_ranks(ranks) if str(r) in table), none)
 
 
 def behind_clause(finding: Finding) -> str:

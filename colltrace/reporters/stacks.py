@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from colltrace.model.finding import Finding
+from colltrace.model.parts import RankPart
 from colltrace.model.schema import COMPLETED, DEAD, EXITED, FAILED, NOT_IN_COLLECTIVE, UNKNOWN, UNREADABLE
 from colltrace.origins import is_wrapper, user_frames
 from colltrace.reporters.locations import FramesMemo, api_text, innermost_user, user_location, via_frame
@@ -30,7 +31,7 @@ def _chain(frames) -> list[str]:
 _stack_chain = FramesMemo(_chain)   # once per frames list: 16k ranks share a handful
 
 
-def _stack_tail(e: dict) -> str:
+def _stack_tail(e: RankPart) -> str:
     state = e.get("state")
     if e.get("op") and state in PENDING_STATES + (COMPLETED, FAILED, DEAD, EXITED):
         if e.get("p2p") and e.get("peer") is not None:
@@ -50,7 +51,7 @@ def _stack_tail(e: dict) -> str:
     return tail
 
 
-def _stack_label(e: dict) -> str:
+def _stack_label(e: RankPart) -> str:
     state = e.get("state")
     if state == UNREADABLE:
         return f"(unreadable: {e.get('error') or '?'})"

@@ -16,6 +16,7 @@ from typing import Any
 from colltrace.analysis.culprits import Explanation
 from colltrace.analysis.desync import Desync
 from colltrace.model.finding import Deadlock, DeadRank, DuplicateData, Finding, Mismatch, Stall, UnmatchedP2P
+from colltrace.model.parts import MismatchClass, RankPart
 from colltrace.model.schema import (
     COMPLETED,
     DEAD,
@@ -61,7 +62,7 @@ from colltrace.reporters.warnings import render_warnings
 from colltrace.words import and_list, counted, frame_text_of, group_label, rank_word, sorted_ranks
 
 
-def _where_instead(finding: Finding, rs: list[int], e: dict) -> str:
+def _where_instead(finding: Finding, rs: list[int], e: RankPart) -> str:
     """What ranks that did not arrive are doing instead (one clause)."""
     who = rank_word(rs)
     state = e.get("state")
@@ -112,7 +113,7 @@ def _waiters_clause(finding: Finding, ranks, verb_s="waits", verb_p="wait", prep
             f"{op_phrase(finding, sample)} at {locations_text(finding, ranks)}{_run_ahead(sample)}")
 
 
-def _run_ahead(e: dict) -> str:
+def _run_ahead(e: RankPart) -> str:
     """" (queued behind it: broadcast #3 at a.py:16 and all_reduce #4 at a.py:17; they wait for it at
     a.py:18)": where the CPU ran ahead to after an async call (NCCL), and where it parks."""
     out = []
@@ -134,7 +135,7 @@ def _unreadable(finding: Finding) -> str:
     return f" Could not read {rank_word(u)}: the analysis did not see {verb_for(u, 'it', 'them')}." if u else ""
 
 
-def _setup_call_text(c: dict) -> str:
+def _setup_call_text(c: MismatchClass) -> str:
     """One class of a group creation's mismatch: "new_group of ranks 0-1", "DeviceMesh (its new_group
     of rank 0)"."""
     op, bop = str(c.get("op") or "?"), c.get("backend_op")
@@ -148,7 +149,7 @@ def _setup_call_text(c: dict) -> str:
     return text
 
 
-def _call_text(c: dict) -> str:
+def _call_text(c: MismatchClass) -> str:
     """One mismatch class: "all_gather_object (allgather) with shape 4x8, bfloat16"."""
     if "members" in c:
         return _setup_call_text(c)

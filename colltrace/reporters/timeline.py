@@ -12,6 +12,9 @@ recorded carries each one's arrival lag (`args.lag_ms`, `args.last_to_arrive`), 
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from colltrace.analysis.stragglers import arrivals
 from colltrace.model import schema
 from colltrace.model.finding import Finding
@@ -40,7 +43,7 @@ def _name(r: dict) -> str:
     return f"{r.get('op')} #{r.get('seq')}"
 
 
-def _native_args(e: dict) -> dict:
+def _native_args(e: Mapping[str, Any]) -> dict:
     """A rank's native frames (innermost first) and C++ exception, as an event's args show them."""
     out: dict = {}
     frames = native.valid(e.get("native_frames"))

@@ -21,9 +21,10 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from colltrace.model.finding import Finding
+from colltrace.model.parts import RankPart
 
 if TYPE_CHECKING:
     from colltrace._boot import _TorchDistributedFinder
@@ -371,7 +372,7 @@ def _for_display(finding: Finding) -> Finding:
     ranks = {}
     for r, e in finding.ranks.items():
         if isinstance(e, dict):
-            e = dict(e)
+            e = cast(RankPart, dict(e))   # a copy: the files keep every frame
             for key in ("frames", "stack"):
                 frames = e.get(key)
                 if isinstance(frames, list):
