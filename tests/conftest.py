@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from helpers.procs import stacks_of
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-JOBS = os.path.join(HERE, "integration", "jobs")
+from helpers import environ
+from helpers.paths import JOBS
+from helpers.procs import kill_tree, kill_watchdogs, stacks_of
 
 # What libstdc++ prints when a thread ends in a noexcept frame: the signature of gloo's abort at
 # interpreter exit. A gloo worker thread (ProcessGroupGloo::runLoop) frees the last work it ran
@@ -52,7 +51,9 @@ def _exit_abort(rank: int, code: int | None, err: str, what: str = "") -> None:
 
 
 @dataclass
-class Job:
+class RanksJob:
+    """A job's ranks started one by one as torchrun would start them (gloo_job): one Popen a rank."""
+
     procs: list
     dir: str
     store: object = None
@@ -87,38 +88,22 @@ class Job:
     def kill(self) -> None:
         for p in self.procs:
             if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except OSError:
-                    pass
-
-
-def _kill_watchdogs(directory: str) -> None:
-    """Watchdogs run in their own session: end any still running for this folder."""
-    import psutil
-
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info.get("cmdline") or []
-        if "colltrace.host" in cmd and directory in cmd:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+                kill_tree(p.pid, walk=False, group=True)
 
 
 def _job_starter(tmp_path):
-    """start(script, nprocs, env=..., args=...) -> Job, and a cleanup that kills them all."""
+    """start(script, nprocs, env=..., args=...) -> RanksJob, and a cleanup that kills them all."""
     from torch.distributed import TCPStore
 
     jobs = []
 
     def start(script: str, nprocs: int = 2, env: dict | None = None, args=(), traced: bool = True, directory=None,
-              rank_env=None) -> Job:
+              rank_env=None) -> RanksJob:
         """rank_env(rank) -> extra variables for that rank (e.g. another host name and folder).
         "{store}" in a value stands for the job's store address (for COLLTRACE_STORE)."""
         store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         d = str(directory or tmp_path / f"trace{len(jobs)}")
-        base = {k: v for k, v in os.environ.items() if not k.startswith(("COLLTRACE", "TORCH_DISTRIBUTED_DEBUG"))}
+        base = environ.clean("TORCH_DISTRIBUTED_DEBUG")
         base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), WORLD_SIZE=str(nprocs),
                     LOCAL_WORLD_SIZE=str(nprocs), TORCHELASTIC_USE_AGENT_STORE="True",
                     TORCHELASTIC_RESTART_COUNT="0",   # torchrun sets it too; torch 2.4's rendezvous reads it
@@ -135,7 +120,7 @@ def _job_starter(tmp_path):
                                   stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
                  for r in range(nprocs)]
-        job = Job(procs, d, store, traced=traced)
+        job = RanksJob(procs, d, store, traced=traced)
         jobs.append(job)
         return job
 
@@ -147,7 +132,7 @@ def _job_starter(tmp_path):
                     p.communicate(timeout=10)
                 except Exception:
                     pass
-            _kill_watchdogs(job.dir)
+            kill_watchdogs(job.dir)
 
     return start, cleanup
 
@@ -169,6 +154,8 @@ def module_gloo_job(tmp_path_factory):
 
 @dataclass
 class TorchrunJob:
+    """A job started by torchrun itself (torchrun_job): one Popen, torchrun's, its ranks below it."""
+
     proc: subprocess.Popen
     dir: str
     started: float
@@ -181,7 +168,7 @@ class TorchrunJob:
             self.out, self.err = self.proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             stacks = stacks_of([self.proc.pid])
-            _kill_tree(self.proc.pid)
+            kill_tree(self.proc.pid)
             self.out, self.err = self.proc.communicate()
             raise AssertionError(
                 f"torchrun still running after {timeout} s; stderr:\n{self.err[-4000:]}\n{stacks}") from None
@@ -196,21 +183,6 @@ class TorchrunJob:
         return findings(self.dir)
 
 
-def _kill_tree(pid: int) -> None:
-    import psutil
-
-    try:
-        parent = psutil.Process(pid)
-        procs = parent.children(recursive=True) + [parent]
-    except psutil.Error:
-        return
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-
-
 @pytest.fixture
 def torchrun_job(tmp_path):
     """start(script, nprocs, args=..., env=...) -> TorchrunJob: `COLLTRACE=1 torchrun --standalone ...`."""
@@ -218,7 +190,7 @@ def torchrun_job(tmp_path):
 
     def start(script: str, nprocs: int = 4, args=(), env: dict | None = None, traced: bool = True) -> TorchrunJob:
         d = str(tmp_path / f"trace{len(jobs)}")
-        e = {k: v for k, v in os.environ.items() if not k.startswith(("COLLTRACE", "TORCH_DISTRIBUTED_DEBUG"))}
+        e = environ.clean("TORCH_DISTRIBUTED_DEBUG")
         e.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         if traced:
             e.update(COLLTRACE="1", COLLTRACE_DIR=d)
@@ -235,9 +207,9 @@ def torchrun_job(tmp_path):
     yield start
     for job in jobs:
         if job.proc.poll() is None:
-            _kill_tree(job.proc.pid)
+            kill_tree(job.proc.pid)
             try:
                 job.proc.communicate(timeout=10)
             except Exception:
                 pass
-        _kill_watchdogs(job.dir)
+        kill_watchdogs(job.dir)

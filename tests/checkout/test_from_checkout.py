@@ -16,7 +16,9 @@ import sys
 
 import pytest
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+from helpers import environ
+from helpers.paths import ROOT
+
 JOB = """
 import datetime, torch, torch.distributed as dist
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))   # untraced, it would end there
@@ -40,7 +42,7 @@ def test_a_checkout_on_pythonpath_traces_a_job_and_names_its_mismatch(tmp_path):
     ours = [p for p in site.getsitepackages() + [site.getusersitepackages()] if os.path.isdir(p)]
     with open(os.path.join(purelib, "zz-outer-environment.pth"), "w") as f:
         f.write("\n".join(ours) + "\n")   # plain paths: their .pth files (colltrace's) are not run
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COLLTRACE", "PYTHON"))}
+    env = environ.clean("PYTHON")
     bare = subprocess.run([python, "-c", "import colltrace"], capture_output=True, text=True, timeout=60, env=env,
                           cwd=str(tmp_path))
     assert bare.returncode != 0, "colltrace is importable without the checkout: this venv is not bare"

@@ -7,9 +7,11 @@ import shutil
 
 import pytest
 
-from helpers.dashboard import CHROMIUM, CHROMIUM_ARGS, Proc, _root_conftest, clean_env
+from helpers.dashboard import CHROMIUM, CHROMIUM_ARGS, Proc, clean_env
+from helpers.paths import FIXTURES
+from helpers.procs import kill_watchdogs
 
-RECORDED = os.path.join(os.path.dirname(__file__), "..", "fixtures", "recorded")
+RECORDED = os.path.join(FIXTURES, "recorded")
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +49,7 @@ def spawn():
     for p in procs:
         p.kill()
     for d in dirs:
-        _root_conftest()._kill_watchdogs(d)
+        kill_watchdogs(d)
 
 
 @pytest.fixture

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from helpers.dashboard import JOBS, clean_env, colltrace_cmd
+from helpers.dashboard import clean_env, colltrace_cmd
+from helpers.paths import JOBS
 
 pytestmark = pytest.mark.slow
 APPEAR_S = 90     # the finding must show up within this, without a reload

@@ -60,7 +60,10 @@ def markers() -> dict[str, int]:
 LINES = markers()
 
 
-class Job:
+class RankFilesJob:
+    """A check's ranks, one Popen each, their output in files that the check reads while they run
+    (not conftest's RanksJob: this script stands alone, without pytest, psutil or tests/helpers)."""
+
     def __init__(self, procs, directory, t0, files):
         self.procs, self.dir, self.t0, self.files = procs, directory, t0, files
         self._seen: dict = {}
@@ -207,7 +210,8 @@ class Check:
         env.update(extra or {})
         return env
 
-    def start(self, tag: str, mode: str, args=(), n: int = 1, traced: bool = True, env: dict | None = None) -> Job:
+    def start(self, tag: str, mode: str, args=(), n: int = 1, traced: bool = True,
+              env: dict | None = None) -> RankFilesJob:
         d = os.path.join(self.work, tag)
         os.makedirs(d, exist_ok=True)
         self.dirs.append(d)
@@ -229,9 +233,9 @@ class Check:
                                               start_new_session=True))
             files.append((o, e))
         self.log(f"--- {tag}: {mode} {' '.join(args)} x{n} {'traced' if traced else 'untraced'} in {d}")
-        return Job(procs, d, time.time(), files)
+        return RankFilesJob(procs, d, time.time(), files)
 
-    def finish(self, job: Job) -> None:
+    def finish(self, job: RankFilesJob) -> None:
         job.kill()
         for r in range(len(job.procs)):
             self.log(f"--- {os.path.basename(job.dir)} rank {r} exit {job.procs[r].poll()}\n{job.out(r)[-3000:]}\n"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import queue
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -13,10 +12,9 @@ import time
 
 from colltrace.testing.synthetic import synthetic_snapshot as make_synthetic
 from helpers import environ
+from helpers.paths import ROOT
+from helpers.procs import kill_tree
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-JOBS = os.path.join(REPO, "tests", "integration", "jobs")
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -27,7 +25,7 @@ def _root_conftest():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("colltrace_tests_root_conftest",
-                                                  os.path.join(REPO, "tests", "conftest.py"))
+                                                  os.path.join(ROOT, "tests", "conftest.py"))
     module = sys.modules.get(spec.name)
     if module is None:
         module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)   # its dataclasses need it there
@@ -89,22 +87,7 @@ class Proc:
         return "\n".join(self.lines)
 
     def kill(self):
-        import psutil
-
-        try:
-            parent = psutil.Process(self.popen.pid)
-            procs = parent.children(recursive=True) + [parent]
-        except psutil.Error:
-            procs = []
-        for p in procs:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        try:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        except OSError:
-            pass
+        kill_tree(self.popen.pid, group=True)
         try:
             self.popen.wait(timeout=10)
         except subprocess.TimeoutExpired:

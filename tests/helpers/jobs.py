@@ -7,7 +7,8 @@ import os
 import re
 import time
 
-JOBS = os.path.join(os.path.dirname(__file__), "..", "integration", "jobs")
+from helpers.paths import JOBS
+
 SCENARIOS = "scenarios.py"
 
 

@@ -76,11 +76,11 @@ def test_a_store_asked_for_that_cannot_be_reached_costs_one_line_and_no_c10d_tex
 def test_a_pytorch_test_session_with_an_earlier_tests_master_port_prints_what_it_prints_untraced(tmp_path):
     """The issue's own shape: MultiProcessTestCase tests, each with its own FileStore, in one
     pytest session whose MASTER_ADDR/MASTER_PORT are an earlier test's."""
-    from helpers.jobs import JOBS
+    from helpers import environ
+    from helpers.paths import JOBS
     from helpers.procs import kill_all
 
-    base = {k: v for k, v in os.environ.items()
-            if not k.startswith(("COLLTRACE", "MASTER_", "TORCHELASTIC", "WORLD_SIZE", "LOCAL_WORLD_SIZE"))}
+    base = environ.clean("MASTER_", "TORCHELASTIC", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
     base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(dead_port()), OMP_NUM_THREADS="1")
 
     def start(traced: bool):

@@ -15,12 +15,12 @@ import uuid
 
 import pytest
 
+from helpers import environ
 from helpers.jobs import findings, frames_line, loc
+from helpers.paths import JOBS
 from helpers.procs import stacks_of
 
 pytestmark = pytest.mark.slow
-
-JOBS = os.path.join(os.path.dirname(__file__), "..", "integration", "jobs")
 
 
 def _ip(*args: str) -> None:
@@ -75,7 +75,7 @@ def _remove(hosts) -> None:
 
 def _torchrun(hosts, host: str, node_rank: int, directory: str, scenario: str, env: dict, script: str = "scenarios.py"):
     ns, dev, _ = hosts[host]
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("COLLTRACE", "TORCH_DISTRIBUTED_DEBUG"))}
+    e = environ.clean("TORCH_DISTRIBUTED_DEBUG")
     e.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", COLLTRACE="1", COLLTRACE_DIR=directory,
              COLLTRACE_HOST=host, GLOO_SOCKET_IFNAME=dev, **env)
     cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",

@@ -11,8 +11,6 @@ from colltrace.tracefile import reader
 from helpers.jobs import markers
 from helpers.waiting import wait_until
 
-JOBS = os.path.join(os.path.dirname(__file__), "jobs")
-
 
 def analyze(directory, *flags):
     return subprocess.run([sys.executable, "-m", "colltrace.cli", "analyze", directory, *flags],

@@ -10,7 +10,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 
@@ -20,10 +19,10 @@ from colltrace.words import format_ranks
 from helpers import environ
 from helpers.cli import run_cli
 from helpers.jobs import findings
+from helpers.paths import EXAMPLE, ROOT
+from helpers.procs import kill_tree
 
 pytestmark = pytest.mark.slow
-ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
-EXAMPLE = os.path.join(ROOT, "examples", "distill")
 README = os.path.join(EXAMPLE, "README.md")
 TIMEOUT_S = 240   # one command, on 2 loaded cores (a quiet run takes about 15 s)
 
@@ -116,7 +115,7 @@ def runs(tmp_path_factory) -> dict[str, Run]:
         try:
             stdout, stderr = p.communicate(timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
+            kill_tree(p.pid, walk=False, group=True)
             stdout, stderr = p.communicate()
             pytest.fail(f"{command!r} still running after {TIMEOUT_S} s:\n{stderr[-3000:]}")
         m = re.search(r"--bug (\w+)", command)

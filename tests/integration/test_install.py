@@ -29,7 +29,9 @@ import sys
 
 import pytest
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+from helpers import environ
+from helpers.paths import ROOT
+
 SOURCES = ("pyproject.toml", "hatch_build.py", "README.md", "LICENSE", "colltrace.pth", "colltrace.start",
            "colltrace", "dashboard")
 WHICH_TORCH = "import json, os, torch; print(json.dumps([torch.__version__, os.path.realpath(torch.__file__)]))"
@@ -85,7 +87,7 @@ def test_installing_colltrace_keeps_the_torch_already_there(tmp_path):
     with open(os.path.join(venv_site, "zz-outer-environment.pth"), "w") as f:
         f.write("\n".join(ours) + "\n")
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "COLLTRACE", "PYTHON"))}
+    env = environ.clean("PIP_", "PYTHON")
     # no pip configuration: the machines' cap on torch (a constraint file) must not decide for colltrace
     env.update(PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_CONFIG_FILE=os.devnull)
     install = _run([python, "-m", "pip", "install", "--no-index", "--no-build-isolation", str(src)], 300, env=env)

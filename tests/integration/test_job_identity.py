@@ -7,15 +7,13 @@ import subprocess
 import sys
 import time
 
+import expecttest  # noqa: F401 - torch.testing._internal needs it (the test extra): fail loudly without
 import pytest
 
+from helpers import environ
 from helpers.jobs import findings
-
-JOBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jobs")
-import expecttest  # noqa: E402,F401 - torch.testing._internal needs it (the test extra): fail loudly without
-
-from helpers import environ  # noqa: E402
-from helpers.procs import kill_all  # noqa: E402
+from helpers.paths import JOBS
+from helpers.procs import kill_all
 
 
 def funcs(finding):

@@ -11,11 +11,13 @@ import sys
 
 import pytest
 
+from helpers.paths import JOBS
+
 pytestmark = pytest.mark.timeout(180)
 
 
 def _line_of(name, text):
-    path = os.path.join(os.path.dirname(__file__), "jobs", name)
+    path = os.path.join(JOBS, name)
     with open(path) as f:
         return next(i for i, line in enumerate(f, 1) if text in line)
 

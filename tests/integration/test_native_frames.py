@@ -15,7 +15,8 @@ import time
 import pytest
 
 from helpers.cli import run_cli
-from helpers.jobs import JOBS, findings, loc, wait_finding
+from helpers.jobs import findings, loc, wait_finding
+from helpers.paths import JOBS
 
 pytestmark = pytest.mark.slow
 SCRIPT = "native_crash.py"

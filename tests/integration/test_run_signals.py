@@ -21,10 +21,10 @@ import psutil
 import pytest
 
 from helpers import environ
-from helpers.jobs import JOBS
+from helpers.paths import JOBS, ROOT
+from helpers.procs import kill_mentioning, kill_tree
 from helpers.waiting import wait_until
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 JOB = os.path.join(JOBS, "on_signal.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 COLLTRACE = [sys.executable, "-m", "colltrace"]
@@ -96,16 +96,8 @@ class Run:
         return out
 
     def kill(self) -> None:
-        for p in psutil.process_iter(["cmdline"]):
-            try:
-                if self.out in " ".join(p.info["cmdline"] or ()):
-                    p.kill()
-            except psutil.Error:
-                continue
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
+        kill_mentioning(self.out)
+        kill_tree(self.proc.pid, walk=False, group=True)
         self.proc.communicate()
 
 

@@ -8,8 +8,8 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
-FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+from helpers.paths import FIXTURES
+
 TORCH_FREE = ["colltrace.analysis", "colltrace.reporters", "colltrace.model", "colltrace.tracefile",
               "colltrace.callsites", "colltrace.commands"]
 

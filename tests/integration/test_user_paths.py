@@ -8,7 +8,8 @@ import shutil
 
 import pytest
 
-from helpers.jobs import JOBS, frames_line, loc
+from helpers.jobs import frames_line, loc
+from helpers.paths import JOBS
 
 pytestmark = pytest.mark.slow
 

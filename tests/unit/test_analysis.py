@@ -46,8 +46,8 @@ def frames(where: str, func: str = "f", outer: str = "train.py:900:main") -> lis
             {"file": f"/job/{f}", "line": int(line), "func": func}, COLLTRACE, TORCH]
 
 
-class Job:
-    """Ranks with records and progress, turned into a snapshot by .snap()."""
+class SyntheticJob:
+    """Ranks with records and progress, turned into a snapshot by .snap(): no process, no trace folder."""
 
     def __init__(self, n: int, groups: dict | None = None):
         self.n = n
@@ -104,10 +104,10 @@ class Job:
                 "ranks": {str(r): copy.deepcopy(e) for r, e in self.entries.items()}}
 
 
-def seed_story(rank7_state="waiting") -> Job:
+def seed_story(rank7_state="waiting") -> SyntheticJob:
     """The user's story: ranks 0-6 train, rank 7 serves a teacher. Checkpoint code calls
     dist.barrier() on the default group while rank 7 sits in a gather on the teacher group."""
-    job = Job(8, {"1": ("training", range(7)), "2": ("teacher", range(8))})
+    job = SyntheticJob(8, {"1": ("training", range(7)), "2": ("teacher", range(8))})
     job.history("0", 4).history("1", 20).history("2", 11, op="gather")
     job.op(range(7), "0", 5, "barrier", "waiting", at="checkpoint.py:302", func="save", t=T)
     job.op(7, "2", 12, "gather", rank7_state, at="distill.py:88", func="serve_teacher", t=T - 3, root=7)
@@ -156,7 +156,7 @@ def test_deadlock_points_first_at_the_odd_call_not_at_routine_traffic():
     """Rank 0 alone saves on a preemption signal (a barrier on the training group) while the
     others go on with the step's gather/scatter to the teacher, as they do every step. Though
     more ranks wait in the routine scatter, the place to look is rank 0's barrier."""
-    job = Job(4, {"1": ("train", range(3)), "2": ("ipc", range(4))})
+    job = SyntheticJob(4, {"1": ("train", range(3)), "2": ("ipc", range(4))})
     for step in range(10):   # routine: a gather and a scatter on ipc every step
         job.op([0, 1, 2, 3], "2", 2 * step + 1, "gather", at="distributed.py:57", func="send", root=3)
         job.op([0, 1, 2, 3], "2", 2 * step + 2, "scatter", at="distributed.py:63", func="recv", root=3)
@@ -180,7 +180,7 @@ def test_deadlock_is_reported_once_not_also_as_stalls():
 
 
 def test_p2p_cycle_both_ranks_receive_first():
-    job = Job(2)
+    job = SyntheticJob(2)
     job.op([0, 1], "0", 1, "all_reduce")
     job.op(0, "0", 1, "recv", "waiting", at="pipe.py:40", func="recv_act", p2p=True, peer=1, t=T)
     job.op(1, "0", 1, "recv", "waiting", at="pipe.py:40", func="recv_act", p2p=True, peer=0, t=T)
@@ -200,7 +200,7 @@ def test_ranks_killed_while_deadlocked_still_show_the_deadlock_post_mortem():
 
 # -- mismatch -------------------------------------------------------------------------------
 def test_mismatched_ops_at_the_same_number_are_reported_at_once_with_both_sides():
-    job = Job(4)
+    job = SyntheticJob(4)
     job.history("0", 2)
     job.op([0, 1, 2], "0", 3, "all_reduce", "waiting", at="train.py:250", func="step", t=T)
     job.op(3, "0", 3, "broadcast", "waiting", at="eval.py:77", func="sync_eval", t=T, root=3)
@@ -213,7 +213,7 @@ def test_mismatched_ops_at_the_same_number_are_reported_at_once_with_both_sides(
 
 
 def test_mismatched_shapes_dtypes_and_reduce_op():
-    job = Job(3)
+    job = SyntheticJob(3)
     job.op([0, 1], "0", 1, "all_reduce", "waiting", t=T, shapes=[(4, 8)], dtypes=["float32"], reduce_op="SUM")
     job.op(2, "0", 1, "all_reduce", "waiting", t=T, shapes=[(4, 9)], dtypes=["bfloat16"], reduce_op="MAX")
     f = only(analyze(job.snap(), STALL, T + 1), "mismatch")
@@ -224,7 +224,7 @@ def test_mismatched_shapes_dtypes_and_reduce_op():
 def test_a_collective_entered_untraced_is_compared_by_what_the_flight_recorder_says():
     """Ranks 0-2 are in DDP's gradient all-reduce #6 (seen only by the Flight Recorder, their
     live stacks in backward) while rank 3 waits in a barrier #6: a mismatch, not a stall."""
-    job = Job(4)
+    job = SyntheticJob(4)
     job.history("0", 5)
     job.op(3, "0", 6, "barrier", "waiting", at="train.py:81", func="save", t=T)
     for r in range(3):
@@ -241,14 +241,14 @@ def test_a_collective_entered_untraced_is_compared_by_what_the_flight_recorder_s
 
 
 def test_same_backend_op_under_different_api_names_is_no_mismatch():
-    job = Job(2)
+    job = SyntheticJob(2)
     job.op(0, "0", 1, "all_gather_object", "waiting", t=T)
     job.op(1, "0", 1, "all_gather", "waiting", t=T, shapes=[(1,)])
     assert analyze(job.snap(), STALL, T + 1) == []
 
 
 def test_untraced_collectives_are_never_blamed_as_mismatches():
-    job = Job(2)
+    job = SyntheticJob(2)
     job.op([0, 1], "0", 1, "all_reduce")
     job.op(0, "0", 2, "untraced", seq_end=4, count=3)      # DDP's C++ all-reduces, counted
     job.op(1, "0", 2, "all_reduce", "in_flight", t=T)
@@ -258,14 +258,14 @@ def test_untraced_collectives_are_never_blamed_as_mismatches():
 
 
 def test_uneven_all_to_all_shapes_are_fine():
-    job = Job(2)
+    job = SyntheticJob(2)
     job.op(0, "0", 1, "all_to_all_single", "waiting", backend_op="alltoall_base", t=T, shapes=[(3, 4)])
     job.op(1, "0", 1, "all_to_all_single", "waiting", backend_op="alltoall_base", t=T, shapes=[(5, 4)])
     assert analyze(job.snap(), STALL, T + 1) == []
 
 
 def test_mismatch_takes_priority_over_the_stall_it_causes():
-    job = Job(2)
+    job = SyntheticJob(2)
     job.op(0, "0", 1, "all_reduce", "waiting", t=T)
     job.op(1, "0", 1, "barrier", "waiting", t=T)
     assert [f.kind for f in analyze(job.snap(), STALL, T + 100)] == ["mismatch"]
@@ -273,7 +273,7 @@ def test_mismatch_takes_priority_over_the_stall_it_causes():
 
 # -- stall --------------------------------------------------------------------------------------
 def test_stall_names_the_missing_rank_and_where_its_live_stack_is():
-    job = Job(4)
+    job = SyntheticJob(4)
     job.history("0", 6)
     job.op([0, 1, 2], "0", 7, "all_reduce", "waiting", at="train.py:250", func="sync_metrics", t=T)
     job.set(3, stack=frames("data.py:55", "load_batch")[:2], stack_at=T + 39)
@@ -288,7 +288,7 @@ def test_stall_names_the_missing_rank_and_where_its_live_stack_is():
 
 
 def test_stall_says_when_no_stack_is_available():
-    job = Job(2)
+    job = SyntheticJob(2)
     job.history("0", 1)
     job.op(0, "0", 2, "barrier", "waiting", at="train.py:30", t=T)
     f = only(analyze(job.snap(), STALL, T + 31), "stall")
@@ -298,7 +298,7 @@ def test_stall_says_when_no_stack_is_available():
 
 def test_stall_reports_a_missing_rank_pending_elsewhere():
     """Rank 3 is missing from group 1 because it waits (for 5 s only) in group 5 for rank 4."""
-    job = Job(5, {"1": ("dp", [0, 1, 2, 3]), "5": ("pp", [3, 4])})
+    job = SyntheticJob(5, {"1": ("dp", [0, 1, 2, 3]), "5": ("pp", [3, 4])})
     job.history("1", 2)
     job.op([0, 1, 2], "1", 3, "all_reduce", "waiting", at="train.py:250", t=T)
     job.op(3, "5", 1, "broadcast", "waiting", at="pipe.py:12", func="stage", t=T + 35, root=4)
@@ -310,7 +310,7 @@ def test_stall_reports_a_missing_rank_pending_elsewhere():
 
 def test_chain_of_waits_is_one_finding_where_it_starts():
     """Ranks 0-1 wait in group 0 for rank 2; rank 2 waits in group 7 for rank 3, busy elsewhere."""
-    job = Job(4, {"7": ("pair", [2, 3])})
+    job = SyntheticJob(4, {"7": ("pair", [2, 3])})
     job.op([0, 1], "0", 1, "all_reduce", "waiting", at="a.py:1", t=T)
     job.op(2, "7", 1, "all_reduce", "waiting", at="b.py:2", t=T - 10)
     job.set(3, stack=frames("c.py:3", "busy")[:2])
@@ -321,7 +321,7 @@ def test_chain_of_waits_is_one_finding_where_it_starts():
 
 
 def test_completion_stall_when_everyone_entered_and_nothing_completes():
-    job = Job(4)
+    job = SyntheticJob(4)
     job.history("0", 2)
     job.op(range(4), "0", 3, "all_reduce", "in_flight", at="train.py:99", t=T)
     f = only(analyze(job.snap(), STALL, T + 45), "stall")
@@ -333,7 +333,7 @@ def test_a_late_arrival_that_completed_does_not_make_the_others_look_hung():
     """Rank 1 computed for 40 s, then entered the barrier and completed it; rank 0, waiting since
     the start, has not returned yet when the watchdog looks. Every member entered only now: not a
     completion stall (as if the backend had hung for 40 s), until it lasts the threshold."""
-    job = Job(2)
+    job = SyntheticJob(2)
     job.history("0", 1)
     job.op(0, "0", 2, "barrier", "waiting", at="train.py:63", t=T)
     job.op(1, "0", 2, "barrier", "completed", at="train.py:63", t=T + 40)
@@ -345,7 +345,7 @@ def test_a_late_arrival_that_completed_does_not_make_the_others_look_hung():
 def test_async_ops_stuck_behind_a_stall_join_it_instead_of_one_finding_each():
     """NCCL: ops in flight on the tensor-parallel groups do not complete while the ranks are stuck
     in a world all_reduce that rank 3 never enters; that stall is the one problem."""
-    job = Job(4, {"1": ("tp", [0, 1]), "2": ("tp", [2, 3])})
+    job = SyntheticJob(4, {"1": ("tp", [0, 1]), "2": ("tp", [2, 3])})
     job.op([0, 1], "1", 1, "all_reduce", "in_flight", at="model.py:5", t=T - 20)
     job.op([2, 3], "2", 1, "all_reduce", "in_flight", at="model.py:5", t=T - 20)
     job.op([0, 1, 2], "0", 1, "all_reduce", "waiting", at="train.py:250", t=T)
@@ -357,13 +357,13 @@ def test_async_ops_stuck_behind_a_stall_join_it_instead_of_one_finding_each():
 # -- no false alarms ----------------------------------------------------------------------------
 def test_healthy_job_gives_nothing():
     job = seed_story()
-    job = Job(8, {"1": ("training", range(7))})
+    job = SyntheticJob(8, {"1": ("training", range(7))})
     job.history("0", 30).history("1", 50)
     assert analyze(job.snap(), STALL, T + 1000) == []
 
 
 def test_slow_rank_under_the_threshold_gives_nothing():
-    job = Job(4)
+    job = SyntheticJob(4)
     job.history("0", 2)
     job.op([0, 1, 2], "0", 3, "all_reduce", "waiting", t=T)
     job.set(3, stack=frames("data.py:55")[:2])
@@ -371,13 +371,13 @@ def test_slow_rank_under_the_threshold_gives_nothing():
 
 
 def test_young_in_flight_collective_entered_by_all_gives_nothing():
-    job = Job(4)
+    job = SyntheticJob(4)
     job.op(range(4), "0", 1, "all_reduce", "in_flight", t=T)
     assert analyze(job.snap(), STALL, T + 5) == []
 
 
 def test_superseded_waiting_record_in_the_same_thread_is_not_pending():
-    job = Job(2)
+    job = SyntheticJob(2)
     job.op(0, "0", 1, "barrier", "waiting", t=T - 500)    # its return was lost
     job.op(1, "0", 1, "barrier", t=T - 500)
     job.op([0, 1], "0", 2, "all_reduce", t=T - 400)
@@ -386,7 +386,7 @@ def test_superseded_waiting_record_in_the_same_thread_is_not_pending():
 
 # -- dead ranks ---------------------------------------------------------------------------------
 def test_dead_rank_that_others_wait_for():
-    job = Job(4)
+    job = SyntheticJob(4)
     job.history("0", 6)
     job.op([0, 1, 2], "0", 7, "all_reduce", "waiting", at="train.py:250", t=T)
     job.set(3, status="dead", exit={"signal": "SIGSEGV", "code": -11}, died_at=T - 1,
@@ -400,7 +400,7 @@ def test_dead_rank_that_others_wait_for():
 
 
 def test_crashed_rank_nobody_waits_for_yet_and_clean_exit_is_nothing():
-    job = Job(3)
+    job = SyntheticJob(3)
     job.history("0", 2)
     job.op(1, "0", 3, "barrier", "waiting", at="die.py:21", t=T)    # it died inside the barrier
     job.set(1, status="dead", exit={"signal": "SIGSEGV", "code": -11}, died_at=T + 1)
@@ -413,7 +413,7 @@ def test_crashed_rank_nobody_waits_for_yet_and_clean_exit_is_nothing():
 def test_a_crash_nobody_waits_for_yet_is_named_once_its_consequences_can_show():
     """Seen dead 1 ms after it crashed, before its peers' collectives with it failed (gloo needs a
     few ms to see the connection close): the finding waits a moment to name them."""
-    job = Job(2)
+    job = SyntheticJob(2)
     job.history("0", 2)
     job.op(1, "0", 3, "barrier", "waiting", at="die.py:21", t=T)
     job.set(1, status="dead", exit={"signal": "SIGSEGV", "code": -11}, died_at=T + 1)
@@ -427,7 +427,7 @@ def test_a_crash_nobody_waits_for_yet_is_named_once_its_consequences_can_show():
 
 
 def test_rank_that_exited_while_others_wait_for_it():
-    job = Job(2)
+    job = SyntheticJob(2)
     job.history("0", 3)
     job.op(0, "0", 4, "all_reduce", "waiting", at="train.py:5", t=T)
     job.set(1, status="exited", exit={"code": 1, "exception": "ValueError: bad batch"})
@@ -439,7 +439,7 @@ def test_a_peers_exception_beside_a_segfault_is_its_consequence():
     """Rank 1 segfaults; rank 0's collective with it then fails ("Connection closed by peer", in
     DDP's untraced all-reduce: no failed record) and rank 0 exits with that exception. The
     teacher, rank 2, waits for both. One finding: the segfault, not the exception."""
-    job = Job(3)
+    job = SyntheticJob(3)
     job.history("0", 3)
     job.op(2, "0", 4, "gather", "waiting", at="teacher.py:9", t=T)
     job.set(1, status="dead", exit={"signal": "SIGSEGV", "code": -11}, died_at=T + 0.2)
@@ -450,7 +450,7 @@ def test_a_peers_exception_beside_a_segfault_is_its_consequence():
 
 def test_rank_killed_alone_while_the_job_lives_is_a_dead_rank_at_once():
     """Rank 1 was SIGKILLed inside a barrier rank 0 never joins: one finding, its death."""
-    job = Job(2)
+    job = SyntheticJob(2)
     job.history("0", 1)
     job.op(1, "0", 2, "barrier", "waiting", at="die.py:21", t=T)
     job.set(1, status="dead", exit={"signal": None, "note": "gone without a trace"}, died_at=T + 0.3)
@@ -461,7 +461,7 @@ def test_rank_killed_alone_while_the_job_lives_is_a_dead_rank_at_once():
 
 def test_job_killed_as_a_whole_is_no_finding():
     """scancel / Ctrl-C: ranks die together, some of them inside a young all_reduce."""
-    job = Job(8)
+    job = SyntheticJob(8)
     job.history("0", 3)
     job.op(range(4), "0", 4, "all_reduce", "waiting", t=T)
     for r in range(8):
@@ -470,7 +470,7 @@ def test_job_killed_as_a_whole_is_no_finding():
 
 
 def test_teardown_after_one_rank_failed_blames_only_that_rank():
-    job = Job(4)
+    job = SyntheticJob(4)
     job.history("0", 3)
     job.op([0, 1, 2], "0", 4, "all_reduce", "waiting", at="train.py:250", t=T)
     job.set(3, status="exited", exit={"code": 1, "exception": "RuntimeError: CUDA out of memory"}, died_at=T + 5)
@@ -484,7 +484,7 @@ def test_teardown_after_one_rank_failed_blames_only_that_rank():
 def test_ranks_whose_collective_failed_because_a_rank_died_are_named_with_the_error():
     """gloo: the survivors' all_reduce fails with "Connection closed by peer" when rank 2
     segfaults before joining it; rank 0 still waits. One finding, every survivor in it."""
-    job = Job(4)
+    job = SyntheticJob(4)
     job.history("0", 2)
     job.op([0, 1, 3], "0", 3, "all_reduce", "waiting", at="train.py:59", t=T)
     for r in (1, 3):
@@ -506,7 +506,7 @@ def test_ranks_whose_collective_failed_because_a_rank_died_are_named_with_the_er
 
 
 def test_dead_rank_finding_says_where_the_other_absent_members_are():
-    job = Job(4, {"2": ("ipc", range(4))})
+    job = SyntheticJob(4, {"2": ("ipc", range(4))})
     job.history("2", 7, op="gather")
     job.op(3, "2", 8, "gather", "waiting", at="train.py:100", func="serve_teacher", root=3, t=T)
     job.set(1, status="dead", exit={"signal": "SIGSEGV", "code": -11}, died_at=T + 0.1)
@@ -521,7 +521,7 @@ def test_dead_rank_finding_says_where_the_other_absent_members_are():
 def test_a_rank_that_died_inside_a_collective_is_what_the_others_wait_for():
     """gloo's SIGABRT on a shape mismatch: rank 1 entered all_reduce #4 and died in it; rank 0
     waits in the same all_reduce for a member that will never finish it."""
-    job = Job(2)
+    job = SyntheticJob(2)
     job.history("0", 3)
     job.op([0, 1], "0", 4, "all_reduce", "waiting", at="train.py:80", t=T)
     job.set(1, status="dead", exit={"signal": "SIGABRT", "code": -6}, died_at=T + 0.2)
@@ -542,7 +542,7 @@ def digested_gathers(job, digests_by_call, at="train.py:152", shapes=((8, 32),))
 
 
 def test_identical_batches_from_every_sender_are_duplicate_data_not_a_hang():
-    job = digested_gathers(Job(4, {"2": ("ipc", range(4))}), [{0: "c0ffee", 1: "c0ffee", 2: "c0ffee"}] * 4)
+    job = digested_gathers(SyntheticJob(4, {"2": ("ipc", range(4))}), [{0: "c0ffee", 1: "c0ffee", 2: "c0ffee"}] * 4)
     f = only(analyze(job.snap(), STALL, T + 50), "duplicate_data")
     assert f.kind not in HANG_KINDS
     assert f.group["name"] == "2" and sorted(f.ranks) == ["0", "1", "2"] and f.missing_ranks == []
@@ -557,7 +557,7 @@ def test_duplicate_data_needs_a_pattern_of_real_batches(case):
     same = {0: "c0ffee", 1: "c0ffee", 2: "c0ffee"}
     calls = {"different": [same, same, {0: "1", 1: "2", 2: "3"}, {0: "4", 1: "5", 2: "6"}],
              "too_few": [same, same]}.get(case, [same] * 4)
-    job = digested_gathers(Job(4, {"2": ("ipc", range(4))}), calls,
+    job = digested_gathers(SyntheticJob(4, {"2": ("ipc", range(4))}), calls,
                            shapes=((1,),) if case == "tiny" else ((8, 32),))
     if case == "one_sender_unseen":
         for e in job.entries[2]["records"]:
@@ -571,7 +571,7 @@ def test_duplicate_data_needs_a_pattern_of_real_batches(case):
 
 # -- p2p ------------------------------------------------------------------------------------------
 def test_unmatched_recv_when_the_peer_never_sends():
-    job = Job(2)
+    job = SyntheticJob(2)
     for n in (1, 2):
         job.op(0, "0", n, "send", at="pipe.py:30", p2p=True, peer=1)
         job.op(1, "0", n, "recv", at="pipe.py:40", p2p=True, peer=0)
@@ -583,7 +583,7 @@ def test_unmatched_recv_when_the_peer_never_sends():
 
 
 def test_p2p_is_not_claimed_unmatched_when_the_peer_window_is_too_short():
-    job = Job(2)
+    job = SyntheticJob(2)
     job.op(0, "0", 1, "all_reduce")
     job.op(1, "0", 1, "all_reduce")
     job.op(1, "0", 9, "recv", "waiting", p2p=True, peer=0, t=T)
@@ -595,7 +595,7 @@ def test_p2p_is_not_claimed_unmatched_when_the_peer_window_is_too_short():
 
 
 def test_matched_p2p_under_way_gives_nothing():
-    job = Job(2)
+    job = SyntheticJob(2)
     job.op(0, "0", 1, "send", "waiting", p2p=True, peer=1, t=T)
     job.op(1, "0", 1, "recv", "waiting", p2p=True, peer=0, t=T)
     assert analyze(job.snap(), STALL, T + 5) == []
@@ -603,7 +603,7 @@ def test_matched_p2p_under_way_gives_nothing():
 
 def test_object_p2p_is_matched_like_p2p_not_counted_as_a_collective():
     """send_object_list is recorded on the group with its peer as root, without p2p numbering."""
-    job = Job(2)
+    job = SyntheticJob(2)
     job.op([0, 1], "0", 1, "all_reduce")
     job.op(0, "0", 2, "send_object_list", "waiting", backend_op="send", root=1, at="ipc.py:9", t=T)
     assert analyze(job.snap(), STALL, T + 5) == []                   # young: nothing
@@ -613,7 +613,7 @@ def test_object_p2p_is_matched_like_p2p_not_counted_as_a_collective():
 
 
 def test_members_absent_from_the_snapshot_are_named_not_guessed():
-    job = Job(4)
+    job = SyntheticJob(4)
     job.op([0, 1], "0", 1, "all_reduce", "waiting", t=T)
     snap = job.snap()
     del snap["ranks"]["2"], snap["ranks"]["3"]      # another host's watchdog has not reported
@@ -624,14 +624,14 @@ def test_members_absent_from_the_snapshot_are_named_not_guessed():
 
 
 def test_in_flight_record_behind_a_completed_later_number_is_done():
-    job = Job(2)
+    job = SyntheticJob(2)
     job.op([0, 1], "0", 1, "all_reduce", "in_flight", t=T - 500)   # its completion was not seen
     job.op([0, 1], "0", 2, "all_reduce", t=T - 400)
     assert analyze(job.snap(), STALL, T + 100) == []
 
 
 def test_batch_p2p_exchange_waiting_on_a_peer_that_never_joins():
-    job = Job(2)
+    job = SyntheticJob(2)
     job.op([0, 1], "0", 1, "batch_isend_irecv", p2p=True, peer=None)
     job.entries[0]["records"][-1]["peer"] = 1
     job.entries[1]["records"][-1]["peer"] = 0
@@ -643,7 +643,7 @@ def test_batch_p2p_exchange_waiting_on_a_peer_that_never_joins():
 
 def test_failed_collectives_are_checked_for_mismatches_too():
     """gloo raised on both sides (sizes differ): nothing is pending any more, the cause stays."""
-    job = Job(2)
+    job = SyntheticJob(2)
     job.op(0, "0", 1, "all_reduce", "failed", at="train.py:7", shapes=[(10,)])
     job.op(1, "0", 1, "all_reduce", "failed", at="train.py:7", shapes=[(12,)])
     f = only(analyze(job.snap(), STALL, T), "mismatch")
@@ -651,7 +651,7 @@ def test_failed_collectives_are_checked_for_mismatches_too():
 
 
 def test_untraced_collectives_just_before_a_stall_are_mentioned():
-    job = Job(2)
+    job = SyntheticJob(2)
     job.op([0, 1], "0", 1, "all_reduce")
     job.op(0, "0", 2, "untraced", seq_end=5, count=4)
     job.op(0, "0", 6, "all_reduce", "waiting", at="train.py:300", t=T)
@@ -682,7 +682,7 @@ def test_unreadable_and_malformed_ranks_do_not_stop_the_analysis():
 
 
 def test_missing_record_fields_are_survived():
-    job = Job(3)
+    job = SyntheticJob(3)
     job.op([0, 1], "0", 1, "all_reduce", "waiting", t=T)
     snap = job.snap()
     del snap["ranks"]["0"]["records"][0]["group"]       # this rank becomes unreadable
@@ -715,29 +715,29 @@ def test_every_kind_the_analyzer_makes_round_trips_through_its_json():
     """findings.jsonl, `analyze --json` and the store carry to_json(); what is read back with
     from_json() is the same finding, and gives the same JSON, key order included."""
     made = []
-    job = Job(4)   # a mismatch
+    job = SyntheticJob(4)   # a mismatch
     job.history("0", 2)
     job.op([0, 1, 2], "0", 3, "all_reduce", "waiting", at="train.py:250", func="step", t=T)
     job.op(3, "0", 3, "broadcast", "waiting", at="eval.py:77", func="sync_eval", t=T, root=3)
     made += analyze(job.snap(), STALL, T + 0.01)
     made += analyze(seed_story().snap(), STALL, T + 2)   # a deadlock
-    job = Job(4)   # a dead rank
+    job = SyntheticJob(4)   # a dead rank
     job.history("0", 6)
     job.op([0, 1, 2], "0", 7, "all_reduce", "waiting", at="train.py:250", t=T)
     job.set(3, status="dead", exit={"signal": "SIGSEGV", "code": -11}, died_at=T - 1,
             stack=frames("kernels.py:41", "fused_op")[:2])
     made += analyze(job.snap(), STALL, T + 2)
-    job = Job(4)   # a stall everyone entered
+    job = SyntheticJob(4)   # a stall everyone entered
     job.history("0", 2)
     job.op(range(4), "0", 3, "all_reduce", "in_flight", at="train.py:99", t=T)
     made += analyze(job.snap(), STALL, T + 45)
-    job = Job(2)   # an unmatched recv
+    job = SyntheticJob(2)   # an unmatched recv
     for n in (1, 2):
         job.op(0, "0", n, "send", at="pipe.py:30", p2p=True, peer=1)
         job.op(1, "0", n, "recv", at="pipe.py:40", p2p=True, peer=0)
     job.op(1, "0", 3, "recv", "waiting", at="pipe.py:40", func="recv_act", p2p=True, peer=0, t=T)
     made += analyze(job.snap(), STALL, T + 31)
-    job = Job(2)   # a p2p stall whose peer cannot be checked
+    job = SyntheticJob(2)   # a p2p stall whose peer cannot be checked
     job.op(0, "0", 1, "all_reduce")
     job.op(1, "0", 1, "all_reduce")
     job.op(1, "0", 9, "recv", "waiting", p2p=True, peer=0, t=T)
@@ -745,7 +745,7 @@ def test_every_kind_the_analyzer_makes_round_trips_through_its_json():
     for rec in snap["ranks"]["0"]["records"]:
         rec["id"] += 500
     made += analyze(snap, STALL, T + 40)
-    job = digested_gathers(Job(4, {"2": ("ipc", range(4))}), [{0: "c0ffee", 1: "c0ffee", 2: "c0ffee"}] * 4)
+    job = digested_gathers(SyntheticJob(4, {"2": ("ipc", range(4))}), [{0: "c0ffee", 1: "c0ffee", 2: "c0ffee"}] * 4)
     made += analyze(job.snap(), STALL, T + 50)   # duplicate data
     kinds = {(f.kind, getattr(f, "stage", None)) for f in made}
     assert kinds >= {("mismatch", None), ("deadlock", None), ("dead_rank", None), ("stall", "completion"),
@@ -832,7 +832,7 @@ def test_render_report():
 
 def test_long_rank_lists_are_abbreviated_in_prose_not_in_data():
     n = 4096
-    job = Job(n, {"1": ("dp", range(0, n, 8))})
+    job = SyntheticJob(n, {"1": ("dp", range(0, n, 8))})
     job.op([r for r in range(0, n, 8) if r != 8], "1", 1, "all_reduce", "waiting", t=T)
     f = only(analyze(job.snap(), STALL, T + 31), "stall")
     assert len(f.ranks) == n // 8 and f.missing_ranks == [8]
@@ -845,7 +845,7 @@ def test_long_rank_lists_are_abbreviated_in_prose_not_in_data():
 def test_one_against_one_blames_the_rank_that_left_its_own_pattern(odd):
     """2 ranks: one alone enters a barrier in a rank-conditional branch while the other does its
     ordinary training call. The job's history, not a coin toss, says which one to look at."""
-    job = Job(2).history("0", 6)
+    job = SyntheticJob(2).history("0", 6)
     job.op(odd, "0", 7, "barrier", "waiting", at="model.py:42", func="training_step", t=T)
     job.op(1 - odd, "0", 7, "all_reduce", "waiting", at="train.py:10", func="step", t=T)
     f = only(analyze(job.snap(), STALL, T + 1), "mismatch")
@@ -859,7 +859,7 @@ def test_one_against_one_blames_the_rank_that_left_its_own_pattern(odd):
 
 
 def test_one_against_one_without_history_shows_both_sides_equally():
-    job = Job(2)
+    job = SyntheticJob(2)
     job.op(0, "0", 1, "barrier", "waiting", at="model.py:42", func="training_step", t=T)
     job.op(1, "0", 1, "all_reduce", "waiting", at="train.py:10", func="step", t=T)
     f = only(analyze(job.snap(), STALL, T + 1), "mismatch")
@@ -874,7 +874,7 @@ def test_one_against_one_without_history_shows_both_sides_equally():
 def test_a_deadlock_blames_the_waiter_that_left_its_pattern_not_the_rank_at_its_routine_call():
     """Rank 0 alone enters a barrier on the training group (a branch), rank 1 sits in its usual
     all-reduce on the other group: rank 0 is the odd one."""
-    job = Job(2, {"1": ("data", [0, 1])}).history("0", 5).history("1", 5)
+    job = SyntheticJob(2, {"1": ("data", [0, 1])}).history("0", 5).history("1", 5)
     job.op(0, "0", 6, "barrier", "waiting", at="model.py:42", func="training_step", t=T)
     job.op(1, "1", 6, "all_reduce", "waiting", at="train.py:10", func="step", t=T)
     f = only(analyze(job.snap(), STALL, T + 40), "deadlock")
@@ -884,7 +884,7 @@ def test_a_deadlock_blames_the_waiter_that_left_its_pattern_not_the_rank_at_its_
 
 def test_the_ranks_that_keep_their_pattern_keep_to_theirs():
     """Ranks 1-2 at their routine all-reduce, rank 0 alone in a barrier: the sentence ends whole."""
-    job = Job(3, {"1": ("data", [0, 1, 2])}).history("0", 5).history("1", 5)
+    job = SyntheticJob(3, {"1": ("data", [0, 1, 2])}).history("0", 5).history("1", 5)
     job.op(0, "0", 6, "barrier", "waiting", at="model.py:42", func="training_step", t=T)
     for r in (1, 2):
         job.op(r, "1", 6, "all_reduce", "waiting", at="train.py:10", func="step", t=T)

@@ -4,10 +4,10 @@ watchdog ended the job, functional collectives whose completion nothing reports.
 snapshots, as tests/unit/test_analysis.py builds them."""
 from __future__ import annotations
 
-from test_analysis import STALL, Job, T, analyze, frames, only
+from test_analysis import STALL, SyntheticJob, T, analyze, frames, only
 
 
-def run_ahead(job: Job, ranks, t=T, stuck=5, parked=None, waiting_next=False):
+def run_ahead(job: SyntheticJob, ranks, t=T, stuck=5, parked=None, waiting_next=False):
     """NCCL: all_reduce #stuck, #stuck+1, #stuck+2 enqueued at once (in flight); optionally parked
     in a wait on the first (parked: when), or run ahead into a blocking call (#stuck+3 waiting)."""
     for i in range(3):
@@ -22,8 +22,8 @@ def run_ahead(job: Job, ranks, t=T, stuck=5, parked=None, waiting_next=False):
     return job
 
 
-def seed(rank7="absent") -> Job:
-    job = Job(8, {"1": ("training", range(7)), "2": ("ipc", range(8))})
+def seed(rank7="absent") -> SyntheticJob:
+    job = SyntheticJob(8, {"1": ("training", range(7)), "2": ("ipc", range(8))})
     job.history("0", 4).history("1", 20).history("2", 11, op="gather")
     if rank7 == "gather":
         job.op(7, "2", 12, "gather", "in_flight", at="distill.py:88", func="gather_batch", t=T - 16, root=7)
@@ -70,7 +70,7 @@ def test_run_ahead_without_a_wait_is_not_yet_a_deadlock():
     assert analyze(run_ahead(seed("gather"), range(7)).snap(), STALL, T + 1) == []
 
 
-def ended_by(job: Job, ranks, how, t_end):
+def ended_by(job: SyntheticJob, ranks, how, t_end):
     for r in ranks:
         e = job.entries[r]
         if how == "timeout":   # gloo: the wait raised "Timed out waiting", the rank exited with it
@@ -116,7 +116,7 @@ def test_a_sigabrt_long_before_the_groups_timeout_is_a_crash_of_its_own():
 def test_an_unobserved_functional_collective_is_never_the_collective_itself_hung():
     """A funcol all_reduce on a tensor-parallel group that nobody waited on, then 30 s of nothing
     on that group (eval, a checkpoint): nothing says it is hung."""
-    job = Job(2, {"1": ("tp", [0, 1])})
+    job = SyntheticJob(2, {"1": ("tp", [0, 1])})
     job.history("0", 3).history("1", 39)
     job.op([0, 1], "1", 40, "funcol.all_reduce", "in_flight", at="model.py:20", t=T)
     for r in (0, 1):
@@ -131,7 +131,7 @@ def test_an_unobserved_functional_collective_is_never_the_collective_itself_hung
 
 
 def test_work_every_member_entered_is_not_hung_while_its_ranks_moved_on():
-    job = Job(2)
+    job = SyntheticJob(2)
     job.history("0", 3)
     job.op([0, 1], "0", 4, "all_reduce", "in_flight", at="train.py:50", t=T)
     job.op([0, 1], "0", 5, "barrier", "completed", at="train.py:60", t=T + 40)
@@ -143,7 +143,7 @@ def test_work_every_member_entered_is_not_hung_while_its_ranks_moved_on():
 def test_a_peer_that_fails_because_the_first_rank_timed_out_is_part_of_the_ending():
     """gloo: rank 0 times out first and leaves; rank 1's waits then fail with "Connection closed by
     peer". Both endings are the hang's consequence: the cycle is named, not rank 1 as a dead rank."""
-    job = Job(2, {"1": ("ipc", [0, 1])})
+    job = SyntheticJob(2, {"1": ("ipc", [0, 1])})
     job.history("0", 1).history("1", 1)
     job.op(0, "0", 2, "all_reduce", "in_flight", at="train.py:15", t=T)
     job.op(1, "1", 2, "gather", "in_flight", at="serve.py:12", t=T, root=1)
@@ -160,7 +160,7 @@ def test_a_peer_that_fails_because_the_first_rank_timed_out_is_part_of_the_endin
 def test_gpu_work_queued_ahead_is_not_the_collective_hung():
     """CUDA: each member's start event (recorded before the call) tells whether its GPU reached the
     collective. One whose GPU has not is stuck on the work queued ahead, not in the collective."""
-    job = Job(2)
+    job = SyntheticJob(2)
     job.history("0", 3)
     job.op([0, 1], "0", 4, "all_reduce", "in_flight", at="train.py:50", t=T)
     for r in (0, 1):

@@ -11,8 +11,7 @@ import sys
 
 from colltrace import _boot
 from helpers import environ
-
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+from helpers.paths import ROOT
 
 
 def test_the_checkout_and_its_startup_folder_only_where_no_hook_is_installed(monkeypatch, tmp_path):

@@ -6,8 +6,9 @@ import os
 import pytest
 
 from helpers.cli import run_cli
+from helpers.paths import FIXTURES
 
-DEADLOCK = os.path.join(os.path.dirname(__file__), "..", "fixtures", "recorded", "deadlock")
+DEADLOCK = os.path.join(FIXTURES, "recorded", "deadlock")
 
 
 def cli(*args):
@@ -115,9 +116,9 @@ def test_analyze_uses_the_jobs_own_stall_threshold(tmp_path):
     as the live watchdog did, not by this shell's default of 30 s."""
     import json
 
-    from test_analysis import STALL, Job, T
+    from test_analysis import STALL, SyntheticJob, T
 
-    job = Job(2)
+    job = SyntheticJob(2)
     job.history("0", 3)
     job.op(0, "0", 4, "barrier", "waiting", at="train.py:40", t=T)
     snap = job.snap()

@@ -12,8 +12,9 @@ import shutil
 import pytest
 
 from helpers.cli import run_cli
+from helpers.paths import FIXTURES
 
-RECORDED = os.path.join(os.path.dirname(__file__), "..", "fixtures", "recorded", "deadlock")
+RECORDED = os.path.join(FIXTURES, "recorded", "deadlock")
 RING = "rank-00003.ring"
 
 

@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+from helpers.paths import ROOT
+
 DOCS = ["README.md", "benchmarks/README.md", "CONTRIBUTING.md", "CHANGELOG.md", "docs/design.md", "docs/usage.md",
         *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "examples", "*", "*")))]
 DOCS = [d for d in DOCS if d.endswith((".md", ".py"))]

@@ -11,7 +11,7 @@ import textwrap
 import threading
 
 import pytest
-from test_analysis import STALL, Job, T, analyze, only
+from test_analysis import STALL, SyntheticJob, T, analyze, only
 
 from colltrace.model import build
 from colltrace.rank import exits
@@ -226,7 +226,7 @@ def exited(job, rank, stack=None, **ex):
 def test_a_rank_whose_exit_failed_the_others_collective_is_named_after_the_fact():
     """os._exit(4) on rank 1, and gloo fails rank 0's all_reduce at once: nobody was ever seen
     waiting, and the folder said "no problems found"."""
-    job = failed_without(Job(2), 1)
+    job = failed_without(SyntheticJob(2), 1)
     at = [{"file": "/job/train.py", "line": 14, "func": "load_shard"}]
     exited(job, 1, stack=at, code=4, how="os._exit")
     f = only(analyze(job.snap(), STALL, T + 50), "dead_rank")
@@ -246,7 +246,7 @@ def test_a_rank_whose_exit_failed_the_others_collective_is_named_after_the_fact(
      "what sent rank 1 SIGINT"),
 ])
 def test_each_ending_is_told_as_it_was_with_advice_that_fits(ex, words, advice):
-    job = failed_without(Job(2), 1)
+    job = failed_without(SyntheticJob(2), 1)
     exited(job, 1, **ex)
     f = only(analyze(job.snap(), STALL, T + 50), "dead_rank")
     assert words in f.summary and advice in f.advice and "OOM" not in f.advice
@@ -255,7 +255,7 @@ def test_each_ending_is_told_as_it_was_with_advice_that_fits(ex, words, advice):
 def test_a_return_waits_for_its_exit_status_a_while():
     """Its program returned and rank 0 waits: until the status comes, a return cannot be told
     from `raise SystemExit(6)`."""
-    job = Job(2)
+    job = SyntheticJob(2)
     job.history("0", 3)
     job.op(0, "0", 4, "all_reduce", "waiting", at="train.py:5", t=T)
     job.set(1, status="exited", exit={"code": 0, "how": "return", "pending": True, "at": T + 1})
@@ -269,13 +269,13 @@ def test_a_return_waits_for_its_exit_status_a_while():
 
 def test_a_failure_before_a_rank_ended_is_not_its_doing():
     """Rank 0's all_reduce timed out a minute before rank 1 called sys.exit: no dead rank made it fail."""
-    job = failed_without(Job(2), 1, error="RuntimeError: Timed out waiting 1800000ms", at=T - 60)
+    job = failed_without(SyntheticJob(2), 1, error="RuntimeError: Timed out waiting 1800000ms", at=T - 60)
     exited(job, 1, code=3, how="sys.exit")
     assert [f.kind for f in analyze(job.snap(), STALL, T + 50)] != ["dead_rank"]
 
 
 def test_ranks_that_all_end_cleanly_are_nothing():
-    job = Job(2)
+    job = SyntheticJob(2)
     job.history("0", 3)
     for r in (0, 1):
         exited(job, r, code=0, how="sys.exit")

@@ -11,8 +11,7 @@ import pytest
 from colltrace import verdict
 from colltrace.model.finding import KINDS, Deadlock, DeadRank, Finding, Mismatch, Stall
 from colltrace.tracefile import postmortem
-
-FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
+from helpers.paths import FIXTURES
 
 
 def round_trips(d: dict) -> Finding:

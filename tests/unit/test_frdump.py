@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from helpers.cli import run_cli
+from helpers.paths import FIXTURES
 
-ROOT = Path(__file__).resolve().parents[2]
-GLOO = ROOT / "tests" / "fixtures" / "fr-gloo"
+GLOO = Path(FIXTURES) / "fr-gloo"
 NVRX_CASES = ["gpu_error_1st", "gpu_error_2nd", "lock_gil_1st", "lock_gil_2nd"]
 
 
 def nvrx_dir() -> Path:
     """NVIDIA's dumps, shipped with the tests (tests/fixtures/nvrx-16rank/README.md says whence)."""
-    return ROOT / "tests" / "fixtures" / "nvrx-16rank"
+    return Path(FIXTURES) / "nvrx-16rank"
 
 def cli(*args):
     return run_cli(*args)
@@ -180,10 +180,10 @@ def test_cross_group_wait_cycle_is_a_deadlock_in_dumps():
 def test_colltrace_traces_get_culprits_too():
     """The distillation example's checkpoint_barrier hang, as `colltrace run --on-hang abort` left
     it: ranks 0-2 wait in the checkpoint barrier that the teacher (rank 3) never calls."""
-    rc, out = analyze_json(ROOT / "tests" / "fixtures" / "distill-checkpoint-barrier")
+    rc, out = analyze_json(Path(FIXTURES) / "distill-checkpoint-barrier")
     assert rc == 1 and [f["kind"] for f in out["findings"]] == ["deadlock"]
     assert out["culprits"] == [0, 1, 2]
-    first = cli("analyze", ROOT / "tests" / "fixtures" / "distill-checkpoint-barrier").stdout.splitlines()[0]
+    first = cli("analyze", Path(FIXTURES) / "distill-checkpoint-barrier").stdout.splitlines()[0]
     assert first.startswith("Culprits: look at ranks 0-2 first.") and "rank 3" in first
 
 

@@ -11,12 +11,13 @@ import time
 
 from colltrace.commands import joboutput
 from colltrace.reporters import ending
+from helpers.paths import FIXTURES
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "launcher")
+LAUNCHER = os.path.join(FIXTURES, "launcher")
 
 
 def fixture(name: str) -> str:
-    with open(os.path.join(FIXTURES, name)) as f:
+    with open(os.path.join(LAUNCHER, name)) as f:
         return f.read()
 
 

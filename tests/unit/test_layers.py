@@ -13,7 +13,8 @@ import re
 import subprocess
 import sys
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from helpers.paths import ROOT
+
 DESIGN = os.path.join(ROOT, "docs", "design.md")
 PACKAGES = {"colltrace": os.path.join(ROOT, "colltrace"),
             "colltrace_dashboard": os.path.join(ROOT, "dashboard", "colltrace_dashboard")}

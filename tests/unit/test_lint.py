@@ -12,8 +12,8 @@ import textwrap
 import pytest
 
 from helpers.cli import run_cli
+from helpers.paths import EXAMPLE
 
-EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "distill")
 HEAD = "import torch.distributed as dist\nrank = dist.get_rank()\n"
 
 

@@ -6,8 +6,9 @@ import pytest
 
 from colltrace.model import build, schema
 from colltrace.tracefile import reader
+from helpers.paths import FIXTURES
 
-FIXTURE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "distill-checkpoint-barrier")
+FIXTURE = os.path.join(FIXTURES, "distill-checkpoint-barrier")
 
 
 def rec(i, state, t, **kw):

@@ -10,8 +10,8 @@ import pytest
 
 from colltrace import config
 from helpers.cli import env_of_run
+from helpers.paths import ROOT
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 # Read by the pytest plugin, documented with its own options (README, "pytest plugin").
 PLUGIN_ONLY = {"COLLTRACE_PYTEST"}
 # Defaults that are found where they are used, as the README describes them: (words, the field's default)

@@ -12,7 +12,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from test_analysis import STALL, Job, T, analyze, frames, only
+from test_analysis import STALL, SyntheticJob, T, analyze, frames, only
 
 from colltrace import config
 from colltrace.rank import early, setup
@@ -21,7 +21,7 @@ from colltrace.tracefile import reader
 from helpers import environ
 
 
-def made(job: Job, ranks, seq, op="new_group", state="completed", members=None, group="setup", backend_op=None,
+def made(job: SyntheticJob, ranks, seq, op="new_group", state="completed", members=None, group="setup", backend_op=None,
          detail=None, at="setup.py:12", func="make_groups", t=None):
     """A group creation (or store wait) record as rank/setup.py writes it."""
     job.op(ranks, group, seq, op, state, at=at, func=func, t=t, backend_op=backend_op or op)
@@ -36,8 +36,8 @@ def made(job: Job, ranks, seq, op="new_group", state="completed", members=None, 
     return job
 
 
-def job_of(n: int, **groups) -> Job:
-    job = Job(n)
+def job_of(n: int, **groups) -> SyntheticJob:
+    job = SyntheticJob(n)
     job.groups["setup"] = {"name": "setup", "desc": "group creation: every rank of the job", "ranks": list(range(n))}
     for name, g in groups.items():
         job.groups[name] = g
@@ -60,7 +60,7 @@ def test_a_member_that_never_makes_the_group_is_a_stall_past_the_threshold_only(
 
 
 def test_a_rank_that_never_reached_init_process_group_is_named_where_it_is():
-    job = Job(2)
+    job = SyntheticJob(2)
     job.groups["setup"] = {"name": "setup", "desc": "", "ranks": [0, 1]}
     made(job, 0, 1, "init_process_group", state="waiting", at="train.py:5", func="main", t=T)
     job.set(1, stack=frames("data.py:7", "load")[:2])   # a trace, no record: seen since its start
@@ -125,7 +125,7 @@ def test_a_group_creation_and_a_collective_waiting_on_each_other_are_a_deadlock_
     assert "new_group #2 (ranks 0-1) at setup.py:12" in f.summary
 
 
-def store_job(get_at: float, barrier_at: float) -> Job:
+def store_job(get_at: float, barrier_at: float) -> SyntheticJob:
     job = job_of(2, **{"store:ready": {"name": "store:ready", "desc": "", "ranks": [0, 1], "any_of": True}})
     made(job, 0, 1, "store.get", group="store:ready", backend_op="store_wait", detail="ready", state="waiting",
          at="sync.py:9", func="wait_ready", t=get_at)

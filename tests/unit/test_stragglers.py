@@ -8,8 +8,8 @@ import random
 from colltrace.analysis import stragglers
 from colltrace.reporters.stragglers import render_stragglers
 from helpers.cli import run_cli
+from helpers.paths import FIXTURES
 
-FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures")
 LOOP = {"file": "/job/train.py", "line": 88, "func": "train_step", "origin": "user"}
 EVAL = {"file": "/job/train.py", "line": 120, "func": "evaluate", "origin": "user"}
 C10D = {"file": "/venv/site-packages/torch/distributed/distributed_c10d.py", "line": 2501, "func": "all_reduce",

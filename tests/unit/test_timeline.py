@@ -6,10 +6,10 @@ import collections
 import json
 from pathlib import Path
 
+from helpers import paths
 from helpers.cli import run_cli
 
-ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = ROOT / "tests" / "fixtures"
+FIXTURES = Path(paths.FIXTURES)
 METADATA = {"process_name", "process_labels", "process_sort_index", "thread_name", "thread_sort_index"}
 
 
@@ -113,7 +113,7 @@ def test_nccl_dumps_export_every_entry_and_queued_work_nests(tmp_path):
     active work), all drawn to the end; work queued behind each other nests on one track."""
     import pickle
 
-    d = ROOT / "tests" / "fixtures" / "nvrx-16rank" / "gpu_error_1st"   # NVIDIA's dumps, shipped with the tests
+    d = FIXTURES / "nvrx-16rank" / "gpu_error_1st"   # NVIDIA's dumps, shipped with the tests
     doc = export(d, tmp_path)
     assert sorted(names(doc)) == list(range(16))
     entries = {r: pickle.loads((d / f"_dump_{r}").read_bytes())["entries"] for r in range(16)}

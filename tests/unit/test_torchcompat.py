@@ -9,8 +9,7 @@ import re
 from types import SimpleNamespace
 
 from colltrace import torchcompat
-
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+from helpers.paths import ROOT
 
 
 def test_a_newer_torch_gets_one_line_naming_it_and_the_tested_range():

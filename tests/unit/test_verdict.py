@@ -11,8 +11,7 @@ from colltrace import verdict
 from colltrace.host.outputs import Outputs
 from colltrace.tracefile import postmortem
 from helpers.cli import run_cli
-
-FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures")
+from helpers.paths import FIXTURES
 
 
 def test_report_txt_and_colltrace_analyze_say_the_same_of_one_folder(tmp_path):
