@@ -100,7 +100,9 @@ def install_signal(directory: str, rank: int) -> tuple[dict, object]:
     if threading.current_thread() is not threading.main_thread():
         return {"stack_signal": None, "stack_signal_note": "tracing started outside the main thread"}, None
     try:
-        if signal.getsignal(sig) != signal.SIG_DFL:
+        # ignored is not handled: a process whose parent retired the signal at its exit
+        # (retire_signal) inherits SIG_IGN, as a child keeps every ignored signal across exec
+        if signal.getsignal(sig) not in (signal.SIG_DFL, signal.SIG_IGN):
             return {"stack_signal": None, "stack_signal_note": f"the program handles signal {sig} itself"}, None
         f = open(stack_signal_path(directory, rank), "a")   # noqa: SIM115 - kept open: faulthandler writes to it
         faulthandler.register(sig, file=f, all_threads=True, chain=False)

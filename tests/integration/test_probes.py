@@ -127,6 +127,20 @@ def test_faulthandler_answers_by_signal_while_the_gil_is_held(tmp_path):
     assert os.path.exists(asks.stack_signal_path(str(tmp_path), 0))
 
 
+def test_a_signal_ignored_since_the_parent_retired_it_is_registered(tmp_path):
+    """A rank retires the signal at its exit (ignored from then on); a process it starts then, or
+    a test session that traced in-process, hands SIG_IGN on across exec: ignored is not handled."""
+    code = ("import json, signal\n"
+            "from colltrace.tracefile import asks\n"
+            "print(signal.getsignal(asks.stack_signal()) == signal.SIG_IGN)\n"
+            f"meta, f = asks.install_signal({str(tmp_path)!r}, 0)\n"
+            "print(json.dumps(meta))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         preexec_fn=lambda: signal.signal(asks.stack_signal(), signal.SIG_IGN)).stdout
+    inherited, meta = out.splitlines()
+    assert inherited == "True" and f'"stack_signal": {int(asks.stack_signal())}' in meta
+
+
 def test_a_signal_the_program_handles_is_left_to_it(tmp_path):
     code = ("import json, signal\n"
             "from colltrace.tracefile import asks\n"
