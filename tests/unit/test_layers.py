@@ -21,13 +21,13 @@ PACKAGES = {"colltrace": os.path.join(ROOT, "colltrace"),
 EVERYWHERE = {("colltrace", "__version__")}   # the package's own __init__ runs first anyway
 
 
-def layers() -> dict[str, int]:
-    """{name: its line's number} from the numbered list under "### Dependency order"."""
+def numbered(head: str, what: str) -> dict[str, int]:
+    """{name: its line's number} from the numbered list under the heading `head` of docs/design.md
+    (each line's names in backquotes before its " — "); `what` names the list in the messages."""
     with open(DESIGN) as f:
         text = f.read()
-    assert "### Dependency order" in text, "docs/design.md has no \"### Dependency order\" section"
-    section = text.split("### Dependency order", 1)[1]
-    section = re.split(r"\n#", section, maxsplit=1)[0]
+    assert head in text, f"docs/design.md has no {head!r} section"
+    section = re.split(r"\n#", text.split(head, 1)[1], maxsplit=1)[0]
     out: dict[str, int] = {}
     numbers = []
     for line in section.splitlines():
@@ -36,13 +36,18 @@ def layers() -> dict[str, int]:
             continue
         numbers.append(int(m.group(1)))
         names = re.findall(r"`([\w.]+)`", m.group(2).split(" — ", 1)[0])
-        assert names, f"docs/design.md: layer {m.group(1)} names no module: {line!r}"
+        assert names, f"docs/design.md: line {m.group(1)} of {what} names no module: {line!r}"
         for name in names:
-            assert name not in out, f"docs/design.md: {name} is in two layers"
+            assert name not in out, f"docs/design.md: {name} is in two lines of {what}"
             out[name] = int(m.group(1))
     assert numbers == list(range(1, len(numbers) + 1)) and numbers, \
-        f"docs/design.md: the layers must be numbered 1, 2, 3, ... (found {numbers})"
+        f"docs/design.md: {what} must be numbered 1, 2, 3, ... (found {numbers})"
     return out
+
+
+def layers() -> dict[str, int]:
+    """{name: its layer} from "### Dependency order"."""
+    return numbered("### Dependency order", "the dependency order")
 
 
 def modules() -> dict[str, tuple[str, bool]]:
@@ -138,25 +143,8 @@ def test_every_import_follows_the_order():
 
 
 def inner_layers(package: str) -> dict[str, int]:
-    """{module: its line} from the numbered list under "#### `<package>`" of "### Inside ..."."""
-    with open(DESIGN) as f:
-        text = f.read()
-    head = f"#### `{package}`"
-    assert head in text, f"docs/design.md has no {head!r} section"
-    section = re.split(r"\n#", text.split(head, 1)[1], maxsplit=1)[0]
-    out: dict[str, int] = {}
-    numbers = []
-    for line in section.splitlines():
-        m = re.match(r"(\d+)\. (.*)", line)
-        if not m:
-            continue
-        numbers.append(int(m.group(1)))
-        for name in re.findall(r"`([\w.]+)`", m.group(2).split(" — ", 1)[0]):
-            assert name not in out, f"docs/design.md: {package}.{name} is in two lines"
-            out[name] = int(m.group(1))
-    assert numbers == list(range(1, len(numbers) + 1)) and numbers, \
-        f"docs/design.md: {package}'s lines must be numbered 1, 2, 3, ... (found {numbers})"
-    return out
+    """{module: its line} from the list under "#### `<package>`" of "### Inside ..."."""
+    return numbered(f"#### `{package}`", f"{package}'s list")
 
 
 def test_inside_rank_and_host_every_module_is_in_a_line_and_imports_follow_it():
