@@ -4,7 +4,7 @@ watchdog ended the job, functional collectives whose completion nothing reports.
 snapshots, as tests/unit/test_analysis.py builds them."""
 from __future__ import annotations
 
-from test_analysis import STALL, SyntheticJob, T, analyze, frames, only
+from helpers.synthetic import STALL, SyntheticJob, T, analyze, frames, only
 
 
 def run_ahead(job: SyntheticJob, ranks, t=T, stuck=5, parked=None, waiting_next=False):

@@ -116,7 +116,7 @@ def test_analyze_uses_the_jobs_own_stall_threshold(tmp_path):
     as the live watchdog did, not by this shell's default of 30 s."""
     import json
 
-    from test_analysis import STALL, SyntheticJob, T
+    from helpers.synthetic import STALL, SyntheticJob, T
 
     job = SyntheticJob(2)
     job.history("0", 3)

@@ -11,12 +11,12 @@ import textwrap
 import threading
 
 import pytest
-from test_analysis import STALL, SyntheticJob, T, analyze, only
 
 from colltrace.model import build
 from colltrace.rank import exits
 from colltrace.tracefile import reader
 from helpers import environ
+from helpers.synthetic import STALL, SyntheticJob, T, analyze, only
 
 PROGRAM = textwrap.dedent('''\
     import ctypes, os, signal, sys, threading

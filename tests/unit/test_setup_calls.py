@@ -12,13 +12,13 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from test_analysis import STALL, SyntheticJob, T, analyze, frames, only
 
 from colltrace import config
 from colltrace.rank import early, setup
 from colltrace.rank.recorder import Recorder
 from colltrace.tracefile import reader
 from helpers import environ
+from helpers.synthetic import STALL, SyntheticJob, T, analyze, frames, only
 
 
 def made(job: SyntheticJob, ranks, seq, op="new_group", state="completed", members=None, group="setup", backend_op=None,
