@@ -21,7 +21,7 @@ if not getattr(sys, "_is_gil_enabled", lambda: True)():
 else:
     try:
         # the C extension has no types mypy can read; the name is declared above
-        from colltrace.rank import _fastpath  # type: ignore[attr-defined,no-redef]
+        from colltrace.rank import _fastpath  # type: ignore[attr-defined,no-redef]  # C: no types
     except ImportError:   # not built (no compiler at install time): the Python wrappers
         _fastpath = None
 # A build older than this source (a checkout updated without reinstalling) lacks what the code

@@ -276,7 +276,7 @@ class Recorder:
         else:
             try:
                 # kept open for the process's life: faulthandler writes into it at a fatal signal
-                self._fault_file = open(self.fault_path, "w")  # noqa: SIM115
+                self._fault_file = open(self.fault_path, "w")  # noqa: SIM115 - faulthandler writes to it
             except OSError as exc:   # fatal-signal stacks are lost, nothing else
                 self.defs.write({"k": "note", "text": f"no fault file: {storage.describe(exc)}"})
             else:
@@ -482,7 +482,7 @@ class Recorder:
                 tid = self._threads.get(ident)
                 if tid is None:
                     t = (threading.current_thread() if ident == threading.get_ident()
-                         else threading._active.get(ident))   # type: ignore[attr-defined]
+                         else threading._active.get(ident))   # type: ignore[attr-defined]  # threading's own table
                     tid = len(self._threads) + 1
                     self.defs.write({"k": "thread", "id": tid, "name": t.name if t is not None else f"thread-{ident}"})
                     self._threads[ident] = tid

@@ -111,7 +111,7 @@ _NON_MEMBER = object()
 _is_compiling = lambda: False  # noqa: E731 - replaced by torch.compiler.is_compiling at install
 # The compiled path's cheaper test (one plain function Dynamo folds to True); the C code reads
 # torch.compiler's export flag, the rest of is_compiling, itself.
-_is_dynamo_compiling = lambda: False  # noqa: E731
+_is_dynamo_compiling = lambda: False  # noqa: E731 - likewise, torch._dynamo's
 
 
 def settings():
