@@ -26,7 +26,7 @@ def activate() -> None:
             from colltrace.rank import early
 
             early.start()
-        except Exception as exc:
+        except Exception as exc:   # never break the user's interpreter start: this rank is then seen from init on
             sys.stderr.write(f"colltrace: warning: this rank is seen from init_process_group on only: {exc!r}\n")
     try:
         if "torch.distributed.distributed_c10d" in sys.modules:
@@ -65,7 +65,7 @@ class _TorchDistributedFinder:
                 from colltrace import install
 
                 install()
-            except Exception as exc:
+            except Exception as exc:   # never break the user's import of torch.distributed: colltrace off, torch as is
                 sys.stderr.write(f"colltrace: disabled, could not patch torch.distributed: {exc!r}\n")
 
         spec.loader.exec_module = exec_module

@@ -184,7 +184,7 @@ def _hard_exit(item):
         if capman is not None:
             try:
                 capman.suspend_global_capture(in_=True)
-            except Exception:
+            except Exception:  # a capture plugin of another pytest: the message still goes out
                 pass
         tw = config.get_terminal_writer()
         tw.sep("+", f"colltrace: {item.nodeid} is stuck")

@@ -61,7 +61,7 @@ def say_if_newer(version=None, stream=None) -> bool:
             return False
         _said = True
         return _say(note, stream)
-    except Exception:
+    except Exception:   # a note is a nicety: never an exception into the user's job
         return False
 
 
@@ -78,7 +78,7 @@ def _flight_recorder_on(dump) -> bool | None:
     default of torch 2.9 and older; on by default in torch 2.11). None when the dump cannot be read."""
     try:
         return bool(json.loads(dump(includeCollectives=False, onlyActive=True)).get("pg_config"))
-    except Exception:
+    except Exception:   # a dump that raises (C++, any type) or is not JSON: cannot be told
         return None
 
 
@@ -92,7 +92,7 @@ def unseen_note(torch) -> str | None:
         return None   # c10d's hooks record them as they are issued
     try:
         backend = str(torch.distributed.get_backend())
-    except Exception:
+    except Exception:   # no default group, a pybind error: cannot be told
         backend = None
     if backend is not None and "gloo" not in backend and "nccl" not in backend:
         return None   # a backend of the program's own (Python-defined): no recorder of torch's lists it either way
@@ -123,5 +123,5 @@ def say_if_unseen(stream=None) -> bool:
             return False
         _said_unseen = True
         return _say(note, stream)
-    except Exception:
+    except Exception:   # a note is a nicety: never an exception into the user's job
         return False

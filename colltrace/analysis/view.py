@@ -551,7 +551,7 @@ class JobView:
             except (TypeError, ValueError):
                 try:
                     rank = to_int(entry.get("rank"))
-                except Exception:
+                except Exception:   # any odd key or entry (another version's snapshot): this entry only
                     continue  # no rank number at all: nothing to attach it to
             try:
                 self.ranks[rank] = RankView(rank, entry, timeouts)
@@ -572,7 +572,7 @@ class JobView:
                                           "ranks": members}
                 if g.get("any_of") is True:   # any member ends its waits: a key of the job's store
                     self.groups[str(name)]["any_of"] = True
-            except Exception:
+            except Exception:   # a malformed group entry, of any shape: this group only
                 continue  # members then inferred from the ranks that mention it
         self._arrivals: dict[str, tuple] = {}
 

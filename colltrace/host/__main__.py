@@ -48,7 +48,7 @@ def _leave(code) -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except Exception:
+        except Exception:   # a stream closed or broken at exit: nothing left to say, the exit goes on
             pass
     os._exit(code if isinstance(code, int) else 0 if code is None else 1)
 

@@ -43,7 +43,7 @@ def leader_address(job_store, key: str = LEADER_KEY) -> str | None:
         if not job_store.check([key]):
             return None
         return bytes(job_store.get(key)).decode()
-    except Exception as exc:
+    except Exception as exc:   # c10d's store errors are no Python type we can name: one StoreError
         raise StoreError(f"store: {_one_line(exc)}") from None
 
 
@@ -77,7 +77,7 @@ class MeetingPoint:
         try:
             self.server = TCPStore(me, want, is_master=True,
                                    timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
-        except Exception as exc:
+        except Exception as exc:   # a port taken, an address refused (c10d's errors): one StoreError
             raise StoreError(f"cannot serve the watchdogs' meeting point on {me}: {_one_line(exc)}") from None
         self.address = (me, self.server.port)
         self.announced = False
@@ -88,7 +88,7 @@ class MeetingPoint:
             store.set(self.key, f"{self.address[0]}:{self.address[1]}".encode())
             store.check([self.key])   # answered: the set is applied before we let go
             self.announced = True
-        except Exception as exc:
+        except Exception as exc:   # c10d's RuntimeError/DistStoreError, OSError: one StoreError for the caller
             raise StoreError(f"store at {self.job[0]}:{self.job[1]}: {_one_line(exc)}") from None
         finally:
             del store
@@ -102,5 +102,5 @@ class MeetingPoint:
             store = self._connect(*self.job, min(self.timeout_s, 2.0))
             store.delete_key(self.key)
             del store
-        except Exception:
+        except Exception:   # the store may be gone at exit: nothing left to withdraw
             pass

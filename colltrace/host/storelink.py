@@ -167,7 +167,7 @@ class SharedClients:
                 try:
                     client.check([PREFIX + "nodes"])   # its server may have gone (a host that died)
                     return client
-                except Exception:
+                except Exception:   # a server gone (c10d's error, any type): a fresh client below
                     del self._clients[(host, port)]
             client = self._clients[(host, port)] = _connect(host, port, timeout_s, attempts=3)
             return client
@@ -241,7 +241,7 @@ class StoreLink:
             self.traffic += sum(len(v) for v in values)
             if confirm:
                 self._applied(key + "/beat")
-        except Exception as exc:
+        except Exception as exc:   # a server gone mid-publish (c10d's errors, OSError): one StoreError for the watchdog
             raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None
 
     def publish_beat(self, summary: dict) -> None:
@@ -253,7 +253,7 @@ class StoreLink:
             beat = beat_payload(summary)
             self._store.multi_set([f"{PREFIX}node/{self.node_index}/beat"], [beat])
             self.traffic += len(beat)
-        except Exception as exc:
+        except Exception as exc:   # a server gone (c10d's errors, OSError): one StoreError for the watchdog
             raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None
 
     def wanted_stacks(self) -> set[int]:
@@ -277,7 +277,7 @@ class StoreLink:
                 got = [bytes(self._store.get(k)) if h else None for k, h in zip(keys, have, strict=True)]
                 self.traffic += sum(len(g) for g in got if g)
                 self._control_seen = (version, (got[0], got[1], got[2] is not None))
-        except Exception as exc:
+        except Exception as exc:   # a server gone or a bad reply (c10d's errors, int()): one StoreError
             raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None
         return self._control_seen[1]
 
@@ -334,7 +334,7 @@ class StoreLink:
             beats = [k + "/beat" for k in present if k + "/beat" in self._present] if fresh else []
             values = self._store.multi_get(present + beats) if present else []
             self.traffic += sum(len(v) for v in values)
-        except Exception as exc:
+        except Exception as exc:   # a server gone or a bad reply (c10d's errors, OSError): one StoreError
             raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None
         if fresh:
             self._beats_read_at = now
@@ -414,7 +414,7 @@ class StoreLink:
         """After a control key's set, on the same connection: readers see the key, then the count."""
         try:
             self._store.add(CONTROL, 1)
-        except Exception as exc:
+        except Exception as exc:   # c10d's RuntimeError/DistStoreError, OSError: one StoreError
             raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -422,7 +422,7 @@ class StoreLink:
         """This host joins the hosts its server has seen: its index among them (1: the first)."""
         try:
             return int(self._store.add(PREFIX + "nodes", 1))
-        except Exception as exc:
+        except Exception as exc:   # c10d's RuntimeError/DistStoreError, OSError: one StoreError
             raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None
 
     def read(self, key: str) -> bytes | None:
@@ -439,7 +439,7 @@ class StoreLink:
             v = bytes(self._store.get(key))
             self.traffic += len(v)
             return v
-        except Exception as exc:
+        except Exception as exc:   # c10d's RuntimeError/DistStoreError, OSError: one StoreError
             raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None
 
     def _set(self, key: str, value: bytes) -> None:
@@ -447,7 +447,7 @@ class StoreLink:
             self._store.set(key, value)
             self.traffic += len(value)
             self._applied(key)
-        except Exception as exc:
+        except Exception as exc:   # c10d's RuntimeError/DistStoreError, OSError: one StoreError
             raise StoreError(f"store at {self.address}: {_one_line(exc)}") from None
 
     def _applied(self, key: str) -> None:

@@ -307,14 +307,14 @@ class Watchdog:
             try:
                 self.dashboard = self._start_dashboard(self)
                 return
-            except Exception as exc:
+            except Exception as exc:   # a port taken, a dashboard bug: one warning, never the watchdog
                 why = str(exc) or repr(exc)
         self.outputs.say(f"colltrace: warning: no dashboard: {why}")
 
     def _final(self) -> None:
         try:
             self.step()
-        except Exception:
+        except Exception:   # a last round that fails (a store gone at exit): the final write still happens
             pass
         if self.node.traces:
             # without findings, a snapshot the folder cannot hold is no loss worth a line

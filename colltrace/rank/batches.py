@@ -91,7 +91,7 @@ def _pre_hook(module, args, kwargs):
         return None
     try:
         _sample(m, step, args, kwargs, sys._getframe(1))
-    except Exception as exc:
+    except Exception as exc:   # said once, sampling stops: never an exception into the user's forward
         _fail(exc)
     return None
 
@@ -110,7 +110,7 @@ def _ddp_forward(orig):
                 if step <= m.first or not step % m.every:
                     try:
                         _sample(m, step, inputs, kwargs, sys._getframe(1))
-                    except Exception as exc:
+                    except Exception as exc:   # said once, sampling stops: DDP's forward runs regardless
                         _fail(exc)
         return orig(self, *inputs, **kwargs)
 
@@ -248,7 +248,7 @@ def _fail(exc: BaseException) -> None:
                          f"(the job is unaffected): {exc!r}\n")
         if rec is not None:
             rec.defs.write({"k": "note", "t": time.time(), "text": f"batch sampling stopped: {exc!r}"})
-    except Exception:
+    except Exception:   # stderr or the defs file gone: the sampling is off all the same
         pass
 
 
@@ -298,7 +298,7 @@ def _ddp_init(orig):
             return
         try:
             _watch(self, "DistributedDataParallel", _group_of(getattr(self, "process_group", None), "ddp"), False)
-        except Exception as exc:
+        except Exception as exc:   # said once, sampling stops: the user's DDP is made regardless
             _fail(exc)
 
     __init__.__colltrace_original__ = orig
@@ -320,7 +320,7 @@ def _fully_shard(orig):
                     _models.pop(key, None)
             if len(mods) == 1:
                 _watch(mods[0], "FSDP", _mesh_group(kwargs.get("mesh")), True)
-        except Exception as exc:
+        except Exception as exc:   # said once, sampling stops: fully_shard's result is the user's regardless
             _fail(exc)
         return out
 
@@ -336,7 +336,7 @@ def _loader_init(orig):
             return
         try:
             info = _loader_info(self, sys._getframe(1))
-        except Exception as exc:
+        except Exception as exc:   # said once, sampling stops: the loader is made regardless
             _fail(exc)
             return
         try:
@@ -379,7 +379,7 @@ def _loader_iter(orig):
             info = _loaders.get(self)   # TypeError for an unhashable one: caught below
             if info is not None:
                 it.__dict__["_colltrace_loader"] = info
-        except Exception:
+        except Exception:   # never in the way of the user's iterator
             pass   # an iterator without a __dict__: its batches are not tied to the loader
         return it
 
@@ -399,7 +399,7 @@ def _loader_next(orig):
             if _want[0] and not _state["off"]:
                 try:
                     _given[0] = _digest(_tensors((batch,), None), _state["settings"].digest_bytes)[:2]
-                except Exception as exc:
+                except Exception as exc:   # an odd batch (any type of the user's): said once, the batch returned as is
                     _fail(exc)
         return batch
 
@@ -415,7 +415,7 @@ def _write_loader(info: dict) -> None:
     info["written"] = True
     try:
         rec.defs.write({"k": "loader", **{k: v for k, v in info.items() if k != "written"}})
-    except Exception as exc:
+    except Exception as exc:   # the defs file full or gone: said once, sampling stops
         _fail(exc)
 
 
@@ -495,7 +495,7 @@ class _After:
 def _run(name, module) -> None:
     try:
         TARGETS[name](module)
-    except Exception as exc:
+    except Exception as exc:   # a module not as expected: said once, sampling stops, its import goes on
         _fail(exc)
 
 
@@ -527,7 +527,7 @@ def install(settings, recorder) -> None:
 
         _grad_enabled = torch.is_grad_enabled
         _is_compiling = torch.compiler.is_compiling
-    except Exception:
+    except Exception:   # a torch mid-import raises anything: never the user's import
         pass   # torch is still importing: resolved at the first sampled model (below)
     for name in TARGETS:
         mod = sys.modules.get(name)
@@ -555,7 +555,7 @@ def resolve() -> None:
 
         _grad_enabled = torch.is_grad_enabled
         _is_compiling = torch.compiler.is_compiling
-    except Exception:
+    except Exception:   # a torch without torch.compiler's function (an old release): the defaults stay
         pass
 
 

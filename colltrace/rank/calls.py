@@ -118,7 +118,7 @@ def group_attr(pg, attr: str) -> str:
     (dist.ProcessGroup subclassed, as custom backends are) raises RuntimeError here."""
     try:
         return str(getattr(pg, attr, ""))
-    except Exception:
+    except Exception:   # a Python-defined group's RuntimeError, or a pybind one: a name is a nicety
         return ""
 
 
@@ -130,7 +130,7 @@ def describe_group(pg):
     ranks = list(c10d.get_process_group_ranks(pg))
     try:
         backend = str(c10d.get_backend(pg))
-    except Exception:
+    except Exception:   # a group c10d knows no backend of (a stand-in, a destroyed one): no name
         backend = ""
     get_seq = None
     fn = getattr(type(pg), "_get_sequence_number_for_group", None)
@@ -142,7 +142,7 @@ def describe_group(pg):
             p = ref()
             return fn(p) if p is not None else -1
         get_seq.seq_fn = fn
-    except Exception:
+    except Exception:   # fn None, or a backend without a counter: numbered by the calls seen
         pass
     # c10d's own registry names every group it made, whatever its class (the same on every rank)
     name = group_attr(pg, "group_name") or str(c10d._world.pg_names.get(pg, "") or "")
@@ -208,7 +208,7 @@ def group_timeout(pg) -> float | None:
         try:
             t = pg._get_backend(torch.device(dev)).options._timeout
             return float(t.total_seconds())
-        except Exception:
+        except Exception:   # a backend without this device or options (a Python-defined one): the next, else None
             continue
     return None
 
@@ -233,7 +233,7 @@ def backend_lanes(pg, backend: str = ""):
         if len(types) < 2:
             return None
         backends = {t: pg._get_backend(torch.device(t)) for t in types}
-    except Exception:
+    except Exception:   # a torch without _device_types, a pybind error: one backend
         return None
     if len({id(b) for b in backends.values()}) < 2:
         return None

@@ -124,7 +124,7 @@ def watch_captures(gate: CaptureGate = GATE, cls=None) -> bool:
             gate.begin(self)
         try:
             return begin(self, *args, **kwargs)
-        except BaseException:
+        except BaseException:   # re-raised below, after the gate is opened
             if blocks:
                 gate.end(self)
             raise
@@ -289,7 +289,7 @@ class CudaMarks:
         if self._device is None and self.home is not None:
             try:
                 self._on(self.home)
-            except Exception:
+            except Exception:   # a CUDA error: poll meets it again and makes it the mark's outcome
                 pass
 
     def poll(self, mark: Mark):
@@ -309,6 +309,7 @@ class CudaMarks:
             if done:
                 self.release(mark)
             return started, bool(done)
+        # a CUDA or Work error (torch's, no type we can name): this mark's outcome, not the poller's end
         except Exception as exc:
             self.release(mark, reuse=False)
             return False, f"{type(exc).__name__}: {exc}"[:2000]

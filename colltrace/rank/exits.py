@@ -94,7 +94,7 @@ def _wrap_exit(orig):
         if len(args) <= 1 and not kwargs and _on_main_thread():
             try:
                 _note("sys.exit", args[0] if args else None, sys._getframe(1))
-            except Exception:
+            except Exception:   # a note is a nicety: the user's sys.exit runs regardless
                 pass
         return orig(*args, **kwargs)
 
@@ -108,7 +108,7 @@ def _wrap_quitter(orig):
         if len(args) <= 1 and not kwargs and _on_main_thread():
             try:
                 _note(str(getattr(self, "name", "exit")) + "()", args[0] if args else None, sys._getframe(1))
-            except Exception:
+            except Exception:   # a note is a nicety: the user's exit() runs regardless
                 pass
         return orig(self, *args, **kwargs)
 
@@ -125,7 +125,7 @@ def _wrap_os_exit(orig):
                 writer = _writer
                 if writer is not None:
                     writer(last_call())
-            except BaseException:
+            except BaseException:   # a KeyboardInterrupt here too: the user's os._exit must still run
                 pass
         return orig(*args, **kwargs)
 

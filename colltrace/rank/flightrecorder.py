@@ -69,7 +69,7 @@ def _dump(c10d=None) -> list[dict]:
             entries = json.loads(fn(includeCollectives=True, onlyActive=False, **extra)).get("entries") or []
         except TypeError:   # no such argument in this torch: no such recorder
             continue
-        except Exception as exc:
+        except Exception as exc:   # torch's dump errors (C++, any type): said with the other sources'
             errors.append(f"{source}: {type(exc).__name__}: {exc}")
             continue
         read += 1

@@ -114,7 +114,7 @@ def attach(pg, shim) -> bool:
                 return True
             except TypeError:   # not a c10d group (a stand-in): its own register methods take Python hooks
                 pass
-            except Exception as exc:
+            except Exception as exc:   # a c10d error on attach (any type): said once, Python hooks instead
                 _report_once(shim, exc)
         pg.register_pre_hook(HOOK_ID, pre)
         pg.register_post_hook(HOOK_ID, post)
@@ -142,6 +142,7 @@ def _compiled_hooks(shim, settings):
             module = hookbuild.load()
             if module is not None:
                 fastpath.use_readers(module)
+        # a build that does not load (ImportError, OSError, a missing symbol): said once, Python hooks
         except Exception as exc:
             module = None
             _report_once(shim, exc)
@@ -157,7 +158,7 @@ def load_compiled(shim) -> None:
         settings = _compiled_path_settings(shim)
         if settings is not None:
             _compiled_hooks(shim, settings)
-    except Exception as exc:
+    except Exception as exc:   # reported once; tracing steps aside
         _report(shim, exc)
 
 
@@ -206,7 +207,7 @@ def _kinds(shim):
                 values[int(member)] = (1 if family in ("allreduce", "barrier") else 2 if family in _FAST_OPS else 0)
             if values and min(values) >= 0 and max(values) < 256:
                 table = bytes(values.get(i, 0) for i in range(max(values) + 1))
-        except Exception:
+        except Exception:   # a torch without HookOpName, or odd members: no table, Python gates
             table = None
         _kinds_table.append(table)
     return _kinds_table[0]
@@ -235,7 +236,7 @@ def detach_all() -> None:
         for fn in ("unregister_pre_hook", "unregister_post_hook"):
             try:
                 getattr(pg, fn)(HOOK_ID)
-            except Exception:
+            except Exception:   # a group destroyed already, a pybind error at exit: nothing left to detach
                 pass
 
 
@@ -244,7 +245,7 @@ def _report(shim, exc) -> None:
     if rec is not None:
         try:
             rec.internal_error(exc)
-        except Exception:
+        except Exception:   # a recorder torn down: never an exception into the collective
             pass
 
 
@@ -330,7 +331,7 @@ def _make_pre(ref, shim):
             except ValueError:   # a thread with no Python frames (a C++ autograd thread)
                 frame = None
             local.open = (args.op_id, rec.enter(gs, sig, frame, flags, pair, peer))
-        except Exception as exc:
+        except Exception as exc:   # reported once; tracing steps aside: never an exception into the user's collective
             local.open = None
             _report(shim, exc)
 
@@ -378,7 +379,7 @@ def _make_post(shim):
             # The post-hook fires when the Work is returned, not when it completes: the poller
             # marks the record complete once the Work says so.
             rec.exit(ctx, done=work is None, waitable=work)
-        except Exception as exc:
+        except Exception as exc:   # reported once; tracing steps aside
             _report(shim, exc)
 
     return post_hook

@@ -33,7 +33,7 @@ def store_id(store) -> str:
             return f"tcp:{store.host}:{store.port}"
         if kind == "FileStore":
             return f"file:{os.path.abspath(store.path)}"
-    except Exception:
+    except Exception:   # a store without host/path attributes (a pybind variant): its type names it
         pass
     return kind
 
@@ -46,7 +46,7 @@ def store_address(store) -> tuple[str, int] | None:
         return None
     try:
         return str(store.host), int(store.port)
-    except Exception:
+    except Exception:   # a TCPStore whose host/port cannot be read (a closed one): nothing to meet in
         return None
 
 

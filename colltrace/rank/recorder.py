@@ -68,11 +68,11 @@ def _work_done(w) -> bool | str:
         return False
     try:
         fut = w.get_future()
-    except Exception:
+    except Exception:   # raised in C++ (no Python type we can name)
         return True   # a backend without futures: finished, as far as can be told
     try:
         fut.value()
-    except Exception as exc:
+    except Exception as exc:   # the Work's own error, of any type: its reason
         return str(exc) or type(exc).__name__
     return True
 
@@ -88,7 +88,7 @@ def _waitable_done(w) -> bool | str:
             failed = [x for x in states if isinstance(x, str)]
             return failed[0] if failed else all(states)
         return _work_done(w)
-    except Exception as exc:
+    except Exception as exc:   # asking raised (a CUDA error, a backend's): the reason, not the poller's end
         return str(exc) or type(exc).__name__
 
 
@@ -261,7 +261,7 @@ class Recorder:
         try:
             self.ring.mark_stopped()
             self.ring.heartbeat(_time())
-        except Exception:
+        except Exception:   # the ring's file gone too: disabled all the same
             pass
         self.disable()
 
@@ -313,7 +313,7 @@ class Recorder:
                 # its interpreter takes a while to shut down; the waiters learn it now
                 self.defs.write({"k": "exception", "t": _time(), "type": etype.__name__,
                                  "message": str(value)[:2000], "frames": frames, "fatal": True})
-        except Exception:
+        except Exception:   # never lose the program's traceback over ours: the previous hook runs regardless
             pass
         self._prev_excepthook(etype, value, tb)
 
@@ -327,7 +327,7 @@ class Recorder:
                 self.defs.write({"k": "exception", "t": _time(), "type": args.exc_type.__name__,
                                  "message": str(args.exc_value)[:2000], "frames": frames, "fatal": False,
                                  "thread": getattr(args.thread, "name", None)})
-        except Exception:
+        except Exception:   # never lose the thread's traceback over ours: the previous hook runs regardless
             pass
         self._prev_thread_hook(args)
 
@@ -399,7 +399,7 @@ class Recorder:
         if why:
             try:
                 self.defs.write({"k": "note", "t": _time(), "text": f"tracing disabled: {why}"})
-            except Exception:
+            except Exception:   # the defs file full or gone: disabled all the same
                 pass
 
     def internal_error(self, exc: BaseException):
@@ -507,6 +507,7 @@ class Recorder:
                 lanes = more[0] if more else None   # calls.describe_group: {device type: (backend, counter)}
                 if not name:
                     raise ValueError("it has no name")
+            # an undescribable group (a stand-in, a Python-defined backend): noted, not traced
             except Exception as exc:
                 if not quiet and pg not in self._untraced_groups:
                     self._untraced_groups.add(pg)
@@ -688,7 +689,7 @@ class Recorder:
         rec, gs, before, seq, flags = ctx
         try:
             gs.last_after = gs.get_seq() if gs.get_seq is not None else before + 1
-        except Exception:
+        except Exception:   # a counter that raises (a group destroyed): the failure is still written
             pass
         self._failed(rec, gs.id, seq, type(exc).__name__, str(exc), flags)
 

@@ -109,17 +109,17 @@ def _run(rec, ctx, orig, args, kwargs):
     _local.depth += 1
     try:
         result = orig(*args, **kwargs)
-    except BaseException as exc:
+    except BaseException as exc:   # re-raised below, after the depth is reset
         _local.depth -= 1
         try:
             rec.setup_fail(ctx, exc)
-        except Exception as inner:
+        except Exception as inner:   # reported once; the user's own exception is re-raised below
             rec.internal_error(inner)
         raise
     _local.depth -= 1
     try:
         rec.setup_return(ctx)
-    except Exception as exc:
+    except Exception as exc:   # reported once; tracing steps aside: the result is the user's
         rec.internal_error(exc)
     return result
 
@@ -140,7 +140,7 @@ def wrap_init(orig, before, after):
             if rec is not None and not rec.disabled:
                 ctx = _enter(rec, job_group(rec), "init_process_group", "init_process_group", None, None,
                              _getframe(1), init=True)
-        except Exception as exc:
+        except Exception as exc:   # reported once; tracing steps aside: init_process_group runs untraced
             if rec is not None:
                 rec.internal_error(exc)
         if ctx is None:
@@ -185,7 +185,7 @@ def _make_new_group(orig):
             frame = _getframe(1)
             ctx = _enter(rec, gs, op, "new_group", _members(ranks, world), detail, frame)
             count = _group_count() if local else None
-        except Exception as exc:
+        except Exception as exc:   # reported once; tracing steps aside: the user's new_group runs untraced
             rec.internal_error(exc)
             return orig(*args, **kwargs)
         result = _run(rec, ctx, orig, args, kwargs)
@@ -193,7 +193,7 @@ def _make_new_group(orig):
             try:
                 if _group_count() not in (None, count):
                     _counted_by_the_job(rec, op, frame)
-            except Exception as exc:
+            except Exception as exc:   # reported once; tracing steps aside: the group is made
                 rec.internal_error(exc)
         return result
 
@@ -240,7 +240,7 @@ def _make_split_group(orig):
                       if isinstance(split, (list, tuple)) and all(isinstance(x, (list, tuple, range)) for x in split)
                       else None)
             ctx = _enter(rec, gs, _local.api or "split_group", "split_group", None, detail, _getframe(1))
-        except Exception as exc:
+        except Exception as exc:   # reported once; tracing steps aside: the user's split_group runs untraced
             rec.internal_error(exc)
             return orig(*args, **kwargs)
         return _run(rec, ctx, orig, args, kwargs)
@@ -266,7 +266,7 @@ def _make_store_barrier(orig):
                 return orig(*args, **kwargs)   # among some ranks: its waits are store waits
             ctx = _enter(rec, job_group(rec), "_store_based_barrier", "_store_based_barrier", None,
                          compact(str(get_name(args, kwargs))), _getframe(1))
-        except Exception as exc:
+        except Exception as exc:   # reported once; tracing steps aside: the barrier runs untraced
             rec.internal_error(exc)
             return orig(*args, **kwargs)
         return _run(rec, ctx, orig, args, kwargs)
@@ -308,13 +308,13 @@ def _make_store_wait(orig, op: str):
         watched[ident] = item
         try:
             result = orig(self, *args, **kwargs)
-        except BaseException as exc:
+        except BaseException as exc:   # re-raised below, once the wait is no longer watched
             with rec.watch_lock:
                 watched.pop(ident, None)
             if item[5]:
                 try:
                     rec.setup_fail(item[5], exc)
-                except Exception as inner:
+                except Exception as inner:   # reported once; the store's own exception is re-raised below
                     rec.internal_error(inner)
             raise
         with rec.watch_lock:
@@ -322,7 +322,7 @@ def _make_store_wait(orig, op: str):
         if item[5]:
             try:
                 rec.setup_return(item[5])
-            except Exception as exc:
+            except Exception as exc:   # reported once; tracing steps aside: the store's answer is the user's
                 rec.internal_error(exc)
         return result
 
@@ -429,6 +429,6 @@ def uninstall() -> None:
                 cast(Any, sys.modules["torch.distributed.device_mesh"]).init_device_mesh = orig
             elif where == "DeviceMesh":
                 sys.modules["torch.distributed.device_mesh"].DeviceMesh.__init__ = orig
-        except Exception:
+        except Exception:   # torch's modules half torn down at exit: what stays patched goes with them
             pass
     _originals.clear()

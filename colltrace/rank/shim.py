@@ -298,17 +298,17 @@ def _make_c10d_wrapper(name, orig):
                 bop = BACKEND_OVERRIDES.get((gs.backend, backend_op), backend_op)
                 sig_id = rec.sig_id((op_name, bop, gs.id, shapes, dtypes, redop, root, peer, is_async))
                 ctx = rec.enter(gs, sig_id, sys._getframe(skip), flags, pair, peer, digest)
-            except Exception as exc:
+            except Exception as exc:   # reported once; tracing steps aside: the collective runs untraced
                 rec.internal_error(exc)
                 return orig(*args, **kwargs)
             local.depth = 1
             try:
                 result = orig(*args, **kwargs)
-            except BaseException as exc:
+            except BaseException as exc:   # re-raised below, after the depth is reset
                 local.depth = 0
                 try:
                     rec.fail(ctx, exc)
-                except Exception as inner:
+                except Exception as inner:   # reported once; the collective's own exception is re-raised below
                     rec.internal_error(inner)
                 raise
             local.depth = 0
@@ -326,7 +326,7 @@ def _make_c10d_wrapper(name, orig):
                     rec.exit(ctx, done=False, waitable=rec.cuda.end(mark))
                 else:
                     rec.exit(ctx, done=True)
-            except Exception as exc:
+            except Exception as exc:   # reported once; tracing steps aside: the result is the user's
                 rec.internal_error(exc)
             return result
 
@@ -411,7 +411,7 @@ def _make_coalescing_wrapper(orig):
                         flags |= F_START
                 sig_id = rec.sig_id(("_coalescing_manager", "coalesced", gs.id, (), (), None, -1, -1, is_async))
                 ctx = rec.enter(gs, sig_id, sys._getframe(2), flags)
-        except Exception as exc:
+        except Exception as exc:   # reported once; tracing steps aside: the block runs untraced
             rec.internal_error(exc)
         rec.local.depth = 1 if ctx is not None else 0
         try:
@@ -422,9 +422,9 @@ def _make_coalescing_wrapper(orig):
                     try:
                         dev = _coalesced_device(group)
                         mark = rec.cuda.begin(dev, start=False) if dev is not None else None
-                    except Exception as exc:
+                    except Exception as exc:   # reported once; tracing steps aside: the block's ops go out regardless
                         rec.internal_error(exc)
-        except BaseException as exc:
+        except BaseException as exc:   # re-raised below, after the depth is reset
             rec.local.depth = 0
             if ctx is not None:
                 rec.fail(ctx, exc)
@@ -442,7 +442,7 @@ def _make_coalescing_wrapper(orig):
                     rec.exit(ctx, done=False, waitable=waitable)
                 else:
                     rec.exit(ctx, done=not works, waitable=works or None)
-            except Exception as exc:
+            except Exception as exc:   # reported once; tracing steps aside
                 rec.internal_error(exc)
 
     wrapper.__colltrace_original__ = orig
@@ -480,13 +480,13 @@ def _make_funcol_wrapper(name, orig, resolve_group):
             sig_id = rec.sig_id((op_name, bop, gs.id, shapes, dtypes, None if redop is None else str(redop),
                                  root, -1, True))
             ctx = rec.enter(gs, sig_id, sys._getframe(1), F_ASYNC)
-        except Exception as exc:
+        except Exception as exc:   # reported once; tracing steps aside: the functional collective runs untraced
             rec.internal_error(exc)
             return orig(*args, **kwargs)
         rec.local.depth = 1
         try:
             result = orig(*args, **kwargs)
-        except BaseException as exc:
+        except BaseException as exc:   # re-raised below, after the depth is reset
             rec.local.depth = 0
             rec.fail(ctx, exc)
             raise
@@ -496,7 +496,7 @@ def _make_funcol_wrapper(name, orig, resolve_group):
             # wait_tensor() (_make_wait_wrapper) says when, else a later op on the group completing.
             rec.unobserved(ctx, [getattr(t, "elem", t)
                                  for t in (result if isinstance(result, (list, tuple)) else (result,))])
-        except Exception as exc:
+        except Exception as exc:   # reported once; tracing steps aside: the lazy result is the user's
             rec.internal_error(exc)
         return result
 
@@ -520,22 +520,22 @@ def _make_wait_wrapper(orig, done_on_return):
             pending = rec.pending_for(self)
             if pending is not None:
                 rec.wait_begins(pending, sys._getframe(1))
-        except Exception as exc:
+        except Exception as exc:   # reported once; tracing steps aside: the wait runs untraced
             rec.internal_error(exc)
             pending = None
         if pending is None:
             return orig(self, *args, **kwargs)
         try:
             result = orig(self, *args, **kwargs)
-        except BaseException as exc:
+        except BaseException as exc:   # re-raised below, the wait's failure recorded first
             try:
                 rec.wait_ends(pending, self, exc, False)
-            except Exception as inner:
+            except Exception as inner:   # reported once; the wait's own exception is re-raised below
                 rec.internal_error(inner)
             raise
         try:
             rec.wait_ends(pending, self, None, done_on_return(self))
-        except Exception as exc:
+        except Exception as exc:   # reported once; tracing steps aside: the wait's result is the user's
             rec.internal_error(exc)
         return result
 
@@ -566,7 +566,7 @@ def _ensure_recorder():
             pg = c10d._get_default_group()
             try:   # the job's own store tells this job from the others (colltrace.rank.identity)
                 store = c10d._world.pg_map[pg][1]
-            except Exception:
+            except Exception:   # a torch whose pg_map holds no store there (another layout): no store id
                 store = None
             rec = recorder
             if rec is not None and (rec.rank, rec.world_size) != (c10d.get_rank(), c10d.get_world_size()):
@@ -593,7 +593,7 @@ def _ensure_recorder():
 
                 _is_compiling = torch.compiler.is_compiling
                 _is_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", _is_compiling)
-            except Exception:
+            except Exception:   # a torch without torch.compiler's functions: the defaults stay
                 pass
             recorder = rec
             cudamarks.watch_captures()   # again: a torch that imports torch.cuda after torch.distributed
@@ -611,7 +611,7 @@ def _ensure_recorder():
             from colltrace.rank import launcher
 
             launcher.ensure_watchdog(settings, rec, store)
-        except Exception as exc:
+        except Exception as exc:   # one line, this process untraced: never an exception into the user's init
             _state.failed = True
             recorder = None
             from colltrace.tracefile import storage
@@ -650,7 +650,7 @@ def _before_init(args, kwargs):
             return None
         try:
             rec = _new_recorder(rank, world, store)
-        except Exception as exc:
+        except Exception as exc:   # a full folder, any start failure: one line, this process untraced, the job goes on
             _state.failed = True
             from colltrace.tracefile import storage
 
@@ -679,7 +679,7 @@ def _make_group_hook(orig):
                 pg = args[0] if args else kwargs.get("pg")
                 if pg is not None:
                     rec.group_state(pg, first_sight, quiet=True)
-        except Exception:
+        except Exception:   # never in the way of the user's group
             pass  # torch fills in the group's ranks after registering it: described at first use
         return result
 
@@ -699,7 +699,7 @@ def _make_destroy_hook(orig):
                 if group is world or group is _c10d._world.default_pg:
                     group = None   # the default group: every group goes
                 rec.forget_group(group)
-            except Exception as exc:
+            except Exception as exc:   # reported once; tracing steps aside: the group is destroyed regardless
                 rec.internal_error(exc)
         return orig(*args, **kwargs)
 
@@ -823,7 +823,7 @@ def _install_funcol():
     _state.funcol = True
     try:
         import torch.distributed._functional_collectives as funcol
-    except Exception:
+    except Exception:   # a torch without functional collectives, or one failing to import them: not traced
         return
     originals = _state.originals
     replacements = {}

@@ -192,7 +192,7 @@ class TestGuard:
             # "vanished") is its consequence, not news.
             try:
                 new = wd.step()
-            except Exception as exc:
+            except Exception as exc:  # a bad round (a file mid-write, a store reply): logged, the guard keeps watching
                 self.log.write(f"colltrace: watchdog error (continuing): {exc!r}\n")
                 new = []
             self._remember(wd)
@@ -308,7 +308,7 @@ class TestGuard:
                 try:
                     self.on_hard_exit(text)
                     text = None  # shown already
-                except Exception:
+                except Exception:  # a hook that fails (a terminal gone): the dump below still says it
                     pass
             _dump_and_exit(text)
 

@@ -56,7 +56,7 @@ def _die_with_parent(parent: int) -> None:
         libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
         if os.getppid() != parent:  # it died before the line above
             os._exit(1)
-    except Exception:
+    except Exception:  # no libc prctl (not Linux): the rank may then outlive pytest
         pass
 
 
@@ -81,7 +81,7 @@ def _note_exception(exc: BaseException, error: str) -> None:
         rec.defs.write({"k": "exception", "t": time.time(), "type": type(exc).__name__,
                         "message": error.split(": ", 1)[-1] if error.startswith(type(exc).__name__) else error,
                         "frames": frames})
-    except Exception:
+    except Exception:  # a trace file gone or full: the outcome file still says it
         pass
 
 
@@ -95,7 +95,7 @@ def _load_module(name: str, path: str):
     if "." in name:
         try:  # the test's package first, for its relative imports
             importlib.import_module(name.rsplit(".", 1)[0])
-        except Exception:
+        except Exception:  # a package that fails to import: the module's own import says why, below
             pass
     code = None
     try:  # pytest's assertion rewriting, as in the pytest process
@@ -108,7 +108,7 @@ def _load_module(name: str, path: str):
         tree = ast.parse(source, filename=path)
         rewrite_asserts(tree, source, path, None)
         code = compile(tree, path, "exec", dont_inherit=True)
-    except Exception:
+    except Exception:  # a pytest without this rewrite API, a source it cannot rewrite: plain asserts
         code = None  # plain asserts then
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None   # a test module's .py file: a source loader's
@@ -162,7 +162,7 @@ def _format(exc: BaseException, spec: dict) -> str:
         cut = tb.cut(path=spec["module_path"])
         info.traceback = (cut if len(cut) else tb).filter(info)
         return str(info.getrepr(style=spec.get("tbstyle", "long"), funcargs=False, truncate_locals=True, chain=True))
-    except Exception:
+    except Exception:  # a pytest whose rendering fails: Python's traceback instead
         import traceback
 
         return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -192,7 +192,7 @@ def main(argv=None) -> int:
         kwargs = dict(spec["args"], **{k: own[k] for k in spec["runner_args"]})
         phase = "call"
         fn(**kwargs)
-    except BaseException as exc:
+    except BaseException as exc:  # the test's failure, whatever it is (SystemExit, KeyboardInterrupt too): its outcome
         skipped = getattr(sys.modules.get("pytest"), "skip", None)
         if skipped is not None and isinstance(exc, skipped.Exception):
             _write(spec, rank, {"outcome": "skipped", "reason": str(getattr(exc, "msg", exc))})
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
             from _pytest._code import ExceptionInfo
 
             error = ExceptionInfo.from_exception(exc).exconly().splitlines()[0]
-        except Exception:
+        except Exception:  # a pytest without ExceptionInfo (or failing on it): Python's one line
             error = f"{type(exc).__name__}: {exc}"
         _write(spec, rank, {"outcome": "failed", "phase": phase, "error": error, "traceback": _format(exc, spec)})
         _note_exception(exc, error)

@@ -73,6 +73,7 @@ def _sendable_args(item) -> dict:
         value = item.funcargs[name]
         try:
             pickle.dumps(value)
+        # pickling raises anything (TypeError, PicklingError, a __reduce__'s own): one RankSetupError
         except Exception as exc:
             raise RankSetupError(
                 f"argument {name!r} cannot be sent to the ranks ({type(exc).__name__}: {exc}); a distributed test "

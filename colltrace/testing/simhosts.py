@@ -187,7 +187,7 @@ def run_host(index: int, ranks: int, fan: int, port: int, t0: float, hang_at, st
             if not copied and wd.store.leader_copy_at is not None:
                 copied = True
                 out.put(("copied", index))
-        except Exception as exc:
+        except Exception as exc:   # a bad round (a store reply, a host gone): said, the next round runs
             out.put(("said", index, f"step failed: {exc!r}"))
         text = stream.getvalue()
         if len(text) > said:

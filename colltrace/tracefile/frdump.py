@@ -52,7 +52,7 @@ def _loads(data: bytes, path: str) -> dict:
             raise DumpError(f"{path}: not a Flight Recorder dump (neither pickle nor JSON)")
     except DumpError:
         raise
-    except Exception as exc:
+    except Exception as exc:   # a pickle or JSON of anything raises anything: one DumpError naming the file
         raise DumpError(f"{path}: not a readable Flight Recorder dump ({type(exc).__name__}: {exc})") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("entries", []), list) or "version" not in obj:
         raise DumpError(f"{path}: not a Flight Recorder dump (no 'version' and 'entries')")

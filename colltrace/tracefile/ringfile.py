@@ -82,7 +82,7 @@ class RingWriter:
 
             HEADER.pack_into(self._mm, 0, MAGIC, VERSION, SLOT_SIZE, slots, 0, os.getpid(), time.time())
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException:   # re-raised below, the half-made file removed first
             try:
                 os.unlink(tmp)
             except OSError:

@@ -53,6 +53,6 @@ def warn_once(key: str, text: str, stream=None) -> bool:
     try:
         (stream or sys.stderr).write(f"colltrace: warning: {text}\n")
         (stream or sys.stderr).flush()
-    except Exception:
+    except Exception:   # a closed or broken stderr: the warning is lost, never the caller
         pass
     return True

@@ -72,7 +72,7 @@ def finding_view(finding: Finding) -> dict:
         text = str(finding.summary or finding.kind or "finding")
     try:
         stacks, more = _stack_classes(finding)
-    except Exception:
+    except Exception:   # a finding written by another version: no stack classes, the rest still shown
         stacks, more = [], None
     # Read from findings.jsonl or the store, a finding of another version may hold anything here.
     group = finding.group if isinstance(finding.group, dict) else {}
