@@ -111,6 +111,22 @@ def install_signal(directory: str, rank: int) -> tuple[dict, object]:
     return {"stack_signal": int(sig), "main_thread": threading.main_thread().ident}, f
 
 
+def _unregister(ignore_after: bool) -> None:
+    """faulthandler lets go of colltrace's signal (putting back what it found); then, if asked,
+    the signal is ignored."""
+    import faulthandler
+
+    sig = stack_signal()
+    if sig is None:
+        return
+    try:
+        faulthandler.unregister(sig)
+        if ignore_after:
+            signal.signal(sig, signal.SIG_IGN)
+    except (ValueError, RuntimeError, TypeError, OSError):
+        pass
+
+
 def retire_signal(f) -> None:
     """At the rank's exit, after its poller stopped: the signal is ignored from now on. Python's
     finalization would put back the action faulthandler found (the default one, which ends the
@@ -118,15 +134,7 @@ def retire_signal(f) -> None:
     that ended cleanly would die of colltrace's question."""
     if f is None:
         return
-    import faulthandler
-
-    sig = stack_signal()
-    try:
-        if sig is not None:   # None: unregister(None) would raise TypeError, caught here
-            faulthandler.unregister(sig)
-            signal.signal(sig, signal.SIG_IGN)
-    except (ValueError, RuntimeError, TypeError, OSError):
-        pass
+    _unregister(ignore_after=True)
     try:
         f.close()
     except OSError:
@@ -137,14 +145,7 @@ def uninstall_signal(f) -> None:
     """Undo install_signal (a rank whose trace could not be started): unregister, close, remove."""
     if f is None:
         return
-    import faulthandler
-
-    try:
-        sig = stack_signal()
-        if sig is not None:   # None: unregister(None) would raise TypeError, caught here
-            faulthandler.unregister(sig)
-    except (ValueError, RuntimeError, TypeError):
-        pass
+    _unregister(ignore_after=False)
     try:
         f.close()
         os.unlink(f.name)
