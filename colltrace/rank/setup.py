@@ -367,9 +367,9 @@ def lasting(rec, ident: int, item):
 # ---- install -----------------------------------------------------------------------------------
 
 def install(c10d, shim) -> dict:
-    """Patch c10d's group creation and the stores' waits; returns {id(original): (original, new)}
-    for the shim's sweep of by-name imports. A DeviceMesh is patched once its module is imported
-    (install_mesh)."""
+    """Patch c10d's group creation; returns {id(original): (original, new)} for the shim's sweep
+    of by-name imports. A DeviceMesh is patched once its module is imported (install_mesh), the
+    stores' waits once there is a recorder (watch_store_waits)."""
     global _c10d, _shim
     _c10d, _shim = c10d, shim
     out = {}
@@ -384,7 +384,14 @@ def install(c10d, shim) -> dict:
         _originals[("c10d", name)] = orig
         setattr(c10d, name, new)
         out[id(orig)] = (orig, new)
-    store = getattr(c10d, "Store", None)
+    return out
+
+
+def watch_store_waits() -> None:
+    """Store.get / Store.wait patched once this process has a recorder (install first). A process
+    that is no rank keeps torch's own methods and no colltrace frame in its tracebacks: torchrun's
+    agent logs one when its exit barrier loses the race with the store's shutdown (pytorch#69520)."""
+    store = getattr(_c10d, "Store", None)
     for name, op in (("get", "store.get"), ("wait", "store.wait")):
         orig = getattr(store, name, None)
         if orig is None or hasattr(orig, "__colltrace_original__"):
@@ -394,7 +401,6 @@ def install(c10d, shim) -> dict:
             _originals[("Store", name)] = orig
         except (TypeError, AttributeError):
             pass
-    return out
 
 
 def install_mesh(module) -> dict:

@@ -628,6 +628,7 @@ def _new_recorder(rank: int, world: int, store, backend: str = ""):
 
     rec = Recorder(_state.settings, rank, world, backend, job=job_id(store=store))
     rec.lasting = setup.lasting   # the store waits that last are recorded
+    setup.watch_store_waits()
     if store is not None:
         from colltrace.rank import identity
 
@@ -789,6 +790,8 @@ def install() -> bool:
         global recorder
         if recorder is None and not _state.failed and early.recorder() is not None:
             recorder = early.recorder()   # the start-up hook's: this rank before it joins
+        if recorder is not None:
+            setup.watch_store_waits()
         work: Any = getattr(c10d, "Work", None)
         wait = getattr(work, "wait", None)
         if wait is not None and not hasattr(wait, "__colltrace_original__"):

@@ -37,6 +37,27 @@ def test_on_patches_torch_distributed_when_imported():
     assert run_py(code, {}).stdout.split() == ["False", "True"]
 
 
+def test_a_traced_process_that_is_no_rank_shows_torch_its_own_store_errors():
+    """torchrun's agent is traced (COLLTRACE=1 reaches it) but is no rank: a store wait that fails
+    there (its exit barrier racing the store's shutdown, pytorch#69520) is torch's traceback with no
+    colltrace frame in it. Once this process makes a recorder, its store waits are watched."""
+    code = """
+import datetime, sys, traceback
+import torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=1))
+try:
+    store.wait(["never-set"])
+except Exception:
+    traceback.print_exc()
+print("watched before a recorder:", hasattr(dist.Store.wait, "__colltrace_original__"))
+dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+print("watched as a rank:", hasattr(dist.Store.wait, "__colltrace_original__"))
+"""
+    out = run_py(code, {"COLLTRACE": "1", "COLLTRACE_WATCHDOG": "off"})
+    assert "watched before a recorder: False" in out.stdout and "watched as a rank: True" in out.stdout, out.stderr
+    assert "DistStoreError: wait timeout" in out.stderr and "colltrace" not in out.stderr.lower(), out.stderr
+
+
 def test_install_is_idempotent_and_uninstall_restores():
     code = """
 import torch.distributed as dist
