@@ -44,7 +44,7 @@ def _traffic(wds) -> int:
     """Payload bytes through every store link these hosts hold (StoreLink.traffic)."""
     n = 0
     for wd in wds:
-        for link in (wd.store.link, wd.store.below):
+        for link in (wd.exchange.link, wd.exchange.below):
             n += getattr(link, "traffic", 0) if link is not None else 0
     return n
 
@@ -97,7 +97,7 @@ def worker(indices, ranks, fan, port, t0, hang_at, ready, done, results, period)
                 wd.step()
             except Exception as exc:  # a host's bad round is said, the others go on
                 print(f"scale_live: host {wd.node.index}: {exc!r}", file=sys.stderr)
-        if first and all(wd.store.link is not None or wd.store.took_over for wd in wds):
+        if first and all(wd.exchange.link is not None or wd.exchange.took_over for wd in wds):
             first = False
             ready.put(len(wds))
         if base is not None:
@@ -135,7 +135,7 @@ def _trace_round(wd, view, since_hang: float, took: float, new: list) -> None:
         judged = (f"{judged} ({sum(1 for a, b in zip(ids, prev, strict=False) if a != b)} of {len(ids)} tables new, "
                   f"at {last[0] % 100:.2f})")
     print(f"scale_live: root +{since_hang:.2f} s, round {took * 1000:.0f} ms: {len(ranks)} ranks, {full} in full, "
-          f"asked {sorted(wd.store.suspected_groups)}, judged {judged}, new {[f.kind for f in new]}",
+          f"asked {sorted(wd.exchange.suspected_groups)}, judged {judged}, new {[f.kind for f in new]}",
           file=sys.stderr, flush=True)
 
 
@@ -173,7 +173,7 @@ def root(ranks, fan, port, t0, hang_at, ready, done, results, period) -> None:
             _trace_round(wd, view, start - job.hang_at, time.time() - start, new)
         if job.hang_at and certain is None and view is not None and _all_hung(view.snapshot, ranks):
             certain = min(time.time(), stream.first_said or float("inf")) - job.hang_at   # the verdict's round held it
-        if not said and wd.store.link is not None:
+        if not said and wd.exchange.link is not None:
             said = True
             ready.put(1)
         if verdict is None and any(f.kind == "deadlock" for f in new) and job.hang_at:

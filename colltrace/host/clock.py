@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 
 from colltrace.host import storelink
 
@@ -132,3 +133,37 @@ class Probe:
     def stop(self) -> None:
         self._stop.set()
 
+
+
+class Clocks:
+    """One host's clock duties in the exchange: an Answerer on each server it serves, and a Probe
+    against the server it publishes to (moved with it). Off where the hosts one process simulates
+    share one clock."""
+
+    def __init__(self, enabled: bool, who: Callable[[], str]):
+        self.enabled = enabled
+        self._who = who                       # this host's name, read when a probe starts
+        self._answerers: list[Answerer] = []
+        self._probe: Probe | None = None
+
+    def answer(self, address: tuple[str, int]) -> None:
+        if self.enabled:
+            self._answerers.append(Answerer(address))
+
+    def offset(self, link: storelink.StoreLink) -> list | None:
+        """This host's clock against the server link reaches ([offset, bound]; None until measured)."""
+        if not self.enabled:
+            return None
+        address = storelink.parse_address(link.address)
+        if self._probe is None or self._probe.address != address:
+            if self._probe is not None:
+                self._probe.stop()
+            self._probe = Probe(address, self._who())
+        return list(self._probe.offset) if self._probe.offset is not None else None
+
+    def stop(self) -> None:
+        for a in self._answerers:
+            a.stop()
+        self._answerers = []
+        if self._probe is not None:
+            self._probe.stop()

@@ -1,15 +1,18 @@
 """The store side of a host's watchdog: who is the leader, the meeting point it serves or finds,
 and the exchange of host summaries, wanted stacks, findings and the hang signal through it. On a
 job of more than FANOUT + 1 hosts, the same exchange runs along a tree (host/tree.py): a host
-with children serves them as the leader serves its own, and passes their summaries up as one."""
+with children serves them as the leader serves its own, and passes their summaries up as one.
+
+Its parts, each with one job: what goes up and when (publication), what the leader asks
+(wants), who speaks for the leader if its host dies (succession), clock offsets (clock.Clocks).
+The Exchange itself connects, meets and moves: the links and the meeting points."""
 from __future__ import annotations
 
 import threading
 import time
 from typing import cast
 
-from colltrace.host import clock, meeting, storelink, tree
-from colltrace.model.build import compact_entry
+from colltrace.host import clock, meeting, publication, storelink, succession, tree, wants
 from colltrace.model.finding import Finding
 from colltrace.model.schema import Snapshot
 from colltrace.words import format_ranks
@@ -17,7 +20,6 @@ from colltrace.words import format_ranks
 STORE_RETRY_S = 5.0
 LEADER_POLL_S = 0.5          # how often another host looks for the leader's announced address
 LEADER_WAIT_S = 60.0         # then it says so once and judges its own ranks alone
-LEADER_COPY_S = 1.0          # how often another host copies the leader's summary (its ranks, if its host dies)
 LEADER_LINGER_S = 1.0        # the leader's server outlives its "ended" by this: the others read it first
 
 
@@ -34,7 +36,6 @@ class Exchange:
         servers it publishes to, and answer those who measure theirs (simulated hosts share one)."""
         self.node = node
         self._connect = connect if connect is not None else storelink.connect
-        self._clocks = clocks
         self.store_address = store_address   # (host, port) of the job's store, or None
         self.stream = stream
         self.link: storelink.StoreLink | None = None
@@ -45,34 +46,24 @@ class Exchange:
         self.topo = tree.Topology(place[0], place[1], fan or tree.fanout(place[1])) if place else None
         self.below: storelink.StoreLink | None = None
         self.serving: meeting.MeetingPoint | None = None
-        self.took_over = False             # the leader's host died and this one judges the job now
-        self._siblings: dict[int, tuple[str, int]] = {}   # the leader's other children's servers: who takes over
-        self._root_address: tuple[str, int] | None = None  # the leader's server, for a host whose parent dies
-        self._want = tree.want_of(None)     # what the parent last asked for
-        self._suspicion = tree.Suspicion()
-        self._every = True                  # the leader: every entry in full (a small job)
+        self.clocks = clock.Clocks(clocks, lambda: str(node.host_name()))
+        self.publication = publication.Publication()
+        self.wants = wants.Wants()                     # the leader's asks
+        self.succession = succession.Succession()
+        self._want = tree.want_of(None)     # what the parent last asked
+        self._want_raw: bytes | None = None
         self.warned = False
         self.next_try = 0.0                # time.time() of the next connection attempt
-        self._published_at = 0.0
-        self._shape: dict | None = None     # which ranks went up in full, and their status, when last published
-        self._bare: tuple | None = None     # (the link, what it published less the beats): unchanged -> beats only
-        self._wanted: tuple = ()
-        self._want_raw: bytes | None = None
-        self._fresh_want = False            # publish at once: the leader waits for these entries
         self._connecting: threading.Thread | None = None
         self._leader_ended = False         # the leader said the job is over: its server goes away quietly
         self._leader_wait_since: float | None = None
-        self._leader_copy: tuple[float, dict] | None = None   # (when, the leader's node summary)
-        self.lost_leader: dict | None = None   # the leader's ranks, marked dead, once its host stopped answering
-        self._answerers: list[clock.Answerer] = []   # on the servers this host serves: clock pings answered
-        self._probe: clock.Probe | None = None       # this host's clock against its parent's (host/clock.py)
 
     @property
     def leader(self) -> bool:
         # The host of rank 0 judges the whole job. Another host judges alone only when there is
         # no store to reach the leader through (none configured, or it failed): while its link is
         # still connecting it waits, or it would act on half the picture.
-        if 0 in self.node.traces or self.store_address is None or self.took_over:
+        if 0 in self.node.traces or self.store_address is None or self.succession.took_over:
             return True
         return self.link is None and self.warned
 
@@ -86,6 +77,16 @@ class Exchange:
     @property
     def has_children(self) -> bool:
         return self.topo is not None and self.topo.index != 1 and self.topo.interior
+
+    @property
+    def took_over(self) -> bool:
+        """The leader's host died and this one judges the job now."""
+        return self.succession.took_over
+
+    @property
+    def lost_leader(self) -> dict | None:
+        """The leader's ranks, marked dead, once its host stopped answering."""
+        return self.succession.lost_leader
 
     def _link(self) -> storelink.StoreLink | None:
         if self.store_address is None or self.link is not None or self._leader_ended:
@@ -115,7 +116,7 @@ class Exchange:
             link = storelink.StoreLink(*self.meeting.address, connect=self._connect)
             link.node_index = link.join()   # 1: the others know it
             self.meeting.announce()
-            self._answer(self.meeting.address)
+            self.clocks.answer(self.meeting.address)
             self.link = link
             return
         if self.has_children and self.serving is None:
@@ -126,15 +127,16 @@ class Exchange:
             below = storelink.StoreLink(*self.serving.address, connect=self._connect)
             below.node_index = below.join()   # 1: its children know it
             self.serving.announce()
-            self._answer(self.serving.address)
+            self.clocks.answer(self.serving.address)
             self.below = below
         parent = self.tree_parent
         keys = (meeting.LEADER_KEY,) + ((meeting.parent_key(parent),) if parent else ())
         answer = meeting.find_leader(*store_address, keys=keys, connect=self._connect)
         found: tuple[str, int] | None
+        root = self.succession
         if parent:   # two keys: a list of two addresses (None where not announced)
             both = cast("list[tuple[str, int] | None]", answer)
-            self._root_address = both[0] or self._root_address
+            root.root_address = both[0] or root.root_address
             found = both[1]
         else:
             found = cast("tuple[str, int] | None", answer)
@@ -142,10 +144,10 @@ class Exchange:
             try:
                 self.link = storelink.StoreLink(*found, connect=self._connect)
             except storelink.StoreError:
-                if not (parent and self._root_address):
+                if not (parent and root.root_address):
                     raise
                 # its parent's host is gone (its announcement outlives it): straight to the root
-                self.link = storelink.StoreLink(*self._root_address, connect=self._connect)
+                self.link = storelink.StoreLink(*root.root_address, connect=self._connect)
             return
         now = time.time()
         self._leader_wait_since = self._leader_wait_since or now
@@ -154,28 +156,9 @@ class Exchange:
                                        f"{store_address[0]}:{store_address[1]} after {LEADER_WAIT_S:.0f} s")
         self.next_try = now + LEADER_POLL_S   # not announced yet: ask again, quietly
 
-    def _answer(self, address) -> None:
-        if self._clocks:
-            self._answerers.append(clock.Answerer(address))
-
-    def _clock(self, link: storelink.StoreLink) -> list | None:
-        """This host's clock against the server it publishes to ([offset, bound]; None until measured)."""
-        if not self._clocks:
-            return None
-        address = storelink.parse_address(link.address)
-        if self._probe is None or self._probe.address != address:
-            if self._probe is not None:
-                self._probe.stop()
-            self._probe = clock.Probe(address, str(self.node.host_name()))
-        return list(self._probe.offset) if self._probe.offset is not None else None
-
     def close(self) -> None:
         """The job is over: tell the other hosts, then take the one key out of the job's store."""
-        for a in self._answerers:
-            a.stop()
-        self._answerers = []
-        if self._probe is not None:
-            self._probe.stop()
+        self.clocks.stop()
         serving, self.serving = self.serving, None
         if serving is not None:
             if self.took_over:
@@ -191,11 +174,12 @@ class Exchange:
         # The ranks never touch the store: losing it costs only the cross-host view. Say so once.
         if self._move_up(exc):
             return
-        if self.link is not None and self._leader_copy and self.lost_leader is None and not self.node.all_gone():
+        heirs = self.succession
+        if self.link is not None and heirs.leader_copy and heirs.lost_leader is None and not self.node.all_gone():
             # The leader's server went away without saying the job ended: its host died. Its
             # ranks, as last seen, are dead; this host judges what it can see from now on.
-            self.lost_leader = self._dead_leader()
-            seen = self._leader_copy[1]
+            heirs.lost_leader = heirs.dead_leader(self.link.address)
+            seen = heirs.leader_copy[1]
             exc = storelink.StoreError(f"the leader's host ({seen.get('host')}, ranks "
                                        f"{format_ranks(sorted(int(r) for r in seen['ranks']))}) stopped answering")
         self.link = None
@@ -205,47 +189,36 @@ class Exchange:
             self.stream.write(f"colltrace: warning: {exc}; this host's ranks are still watched from their files\n")
             self.stream.flush()
 
-    def _dead_leader(self) -> dict:
-        copy, link = self._leader_copy, self.link
-        assert copy is not None and link is not None   # both callers checked them
-        seen = copy[1]
-        note = (f"its host ({seen.get('host')}) stopped answering: the leader's meeting point at {link.address} "
-                "is gone")
-        own = {str(r) for r in seen.get("own") or seen["ranks"]}
-        return dict(seen, ranks={r: dict(e, status="dead", died_at=time.time(), exit={"signal": None, "note": note})
-                                 for r, e in seen["ranks"].items() if r in own})
-
     def _move_up(self, exc: Exception) -> bool:
         """On a tree, a host whose parent stopped answering moves up: under a host that died,
         to the leader; under the leader, to the first of the leader's other children that still
         answers, or, being that first one, it judges the job from now on (the verdict still
         comes). Quietly: one line, by the host that took over."""
+        heirs = self.succession
         if self.link is None or self.topo is None or self._leader_ended:
             return False
-        if self.tree_parent is not None and self._root_address is not None:
+        if self.tree_parent is not None and heirs.root_address is not None:
             try:
-                self.link = storelink.StoreLink(*self._root_address, connect=self._connect)
+                self.link = storelink.StoreLink(*heirs.root_address, connect=self._connect)
                 return True
             except storelink.StoreError:
                 return False
-        if not (self.has_children and self._leader_copy and self.topo.parent == 1):
+        if not (self.has_children and heirs.leader_copy and self.topo.parent == 1):
             return False
-        for k in sorted(self._siblings):
-            if k >= self.topo.index:
-                break
+        for address in heirs.elder_siblings(self.topo.index):
             try:
-                self.link = storelink.StoreLink(*self._siblings[k], timeout_s=1.0, connect=self._connect)
-                self._leader_copy = None   # the new leader speaks for the old one's ranks
+                self.link = storelink.StoreLink(*address, timeout_s=1.0, connect=self._connect)
+                heirs.leader_copy = None   # the new leader speaks for the old one's ranks
                 return True
             except storelink.StoreError:
                 continue
-        self.lost_leader = self._dead_leader()
-        copy = self._leader_copy
+        lost = heirs.lost_leader = heirs.dead_leader(self.link.address)
+        copy = heirs.leader_copy
         assert copy is not None   # checked above: the loop clears it only as it returns
         seen = copy[1]
-        self.took_over, self.link = True, None
+        heirs.took_over, self.link = True, None
         self.stream.write(f"colltrace: the leader's host ({seen.get('host')}, ranks "
-                          f"{format_ranks(sorted(int(r) for r in self.lost_leader['ranks']))}) stopped answering "
+                          f"{format_ranks(sorted(int(r) for r in lost['ranks']))}) stopped answering "
                           f"({exc}): this host ({self.node.host}) judges the job from now on\n")
         self.stream.flush()
         return True
@@ -275,73 +248,34 @@ class Exchange:
             if self.below is not None and not self.leader:
                 summary = self._subtree(summary, now)
             if not self.leader:
-                offset = self._clock(link)
+                offset = self.clocks.offset(link)
                 if offset is not None:
                     summary = dict(summary, clock=offset)
-            want = self._want
-            ranks = tree.slim(summary["ranks"], want, now)
-            # What a verdict waits for goes up at once: a rank newly sent in full (it waits, the
-            # root asked, it died) or whose status changed. The rest every PUBLISH_S; and where
-            # nothing but the beats changed (a hung job), only the beats, nothing encoded.
-            shape = {r: (tree.detailed(e), e.get("status")) if isinstance(e, dict) else None
-                     for r, e in ranks.items()}
-            urgent = self._fresh_want or shape != self._shape
-            if urgent or now - self._published_at >= storelink.PUBLISH_S:
-                bare = (storelink.without_beats(ranks), {k: v for k, v in summary.items() if k not in ("t", "ranks")})
-                if not urgent and self._bare is not None and self._bare[0] is link and self._bare[1] == bare:
-                    link.publish_beat({"t": summary.get("t"), "ranks": ranks})
-                else:
-                    ranks = {r: compact_entry(e) if tree.detailed(e) and "cls" not in e else e
-                             for r, e in ranks.items()}
-                    classes = summary.get("classes") or {}
-                    extra = {}
-                    if not want["all"]:   # a large job: equal states travel once (tree.fold), counted here
-                        ranks, classes = tree.fold(ranks, classes)
-                        extra["tally"] = tree.subtree_tally(ranks, classes)
-                    link.publish_node({**summary, "own": sorted(int(r) for r in self.node.traces), "ranks": ranks,
-                                       "classes": classes, **extra})
-                    self._bare = (link, bare)
-                self._published_at, self._fresh_want, self._shape = now, False, shape
+            self.publication.publish(link, summary, self._want, self.node.traces, now)
             if self.leader:
                 return link.node_summaries(skip=link.node_index), set()
             want_raw, hang, ended = link.control()
             if self.below is not None:
                 self.below.set_control(want_raw, hang, ended)
             if want_raw is not None and want_raw != self._want_raw:
-                self._want_raw, self._fresh_want = want_raw, True
+                self._want_raw, self.publication.urgent = want_raw, True
                 self._want = tree.want_from(want_raw)   # control() read it already
             if hang:
                 on_hang(hang.decode(errors="replace"))
             if ended:
                 self._leader_ended, self.link = True, None
                 return [], set()
-            if ((self.topo is None or self.topo.parent in (None, 1))
-                    and (self._leader_copy is None or now - self._leader_copy[0] >= LEADER_COPY_S)):
-                copy = link.node_summary(1)
-                if copy is not None:
-                    self._leader_copy = (now, copy)
-                self._learn_siblings(link)
+            heirs = self.succession
+            if (self.topo is None or self.topo.parent in (None, 1)) and heirs.copy_due(now):
+                heirs.keep_copy(now, link.node_summary(1))
+                if self.has_children and self.serving is not None:
+                    topo = self.topo
+                    assert topo is not None   # has_children: it has a place in the tree
+                    heirs.learn_siblings(link, topo.index, self.serving.address)
             return [], set(self._want["stacks"])
         except storelink.StoreError as exc:
             self.down(exc)
             return [], set()
-
-    def _learn_siblings(self, link) -> None:
-        """A child of the leader with children of its own says where it serves them, in the
-        leader's store, and learns where its elder siblings do: who takes over if the leader dies."""
-        if not self.has_children or self.serving is None:
-            return
-        topo = self.topo
-        assert topo is not None   # has_children: it has a place in the tree
-        if topo.index not in self._siblings:
-            link.write(meeting.parent_key(topo.index),
-                      f"{self.serving.address[0]}:{self.serving.address[1]}".encode())
-            self._siblings[topo.index] = self.serving.address
-        for k in range(2, topo.index):
-            if k not in self._siblings:
-                raw = link.read(meeting.parent_key(k))
-                if raw is not None:
-                    self._siblings[k] = storelink.parse_address(raw.decode(errors="replace"))
 
     @property
     def _top(self) -> storelink.StoreLink | None:
@@ -352,23 +286,24 @@ class Exchange:
     @property
     def leader_copy_at(self) -> float | None:
         """When this host last copied the leader's summary (to speak for its ranks if it dies)."""
-        return self._leader_copy[0] if self._leader_copy else None
+        copy = self.succession.leader_copy
+        return copy[0] if copy else None
 
     @property
     def large(self) -> bool:
         """A job seen from vitals (more than DETAIL_ALL_RANKS ranks): records do not travel, so
         each host digests its ranks' arrivals (model/arrivals.py) for the straggler view."""
-        return not self._every if self.leader else not self._want["all"]
+        return not self.wants.every if self.leader else not self._want["all"]
 
     @property
     def judges_all(self) -> bool:
         """The leader judges every rank in full each round (a job of up to DETAIL_ALL_RANKS ranks)."""
-        return self._every
+        return self.wants.every
 
     @property
     def suspected_groups(self) -> set[str]:
         """On a large job: the groups whose members the root has asked for in full (tree.Suspicion)."""
-        return self._suspicion.groups
+        return self.wants.groups
 
     @property
     def sample_wanted(self) -> set[int]:
@@ -376,31 +311,21 @@ class Exchange:
         return set(self._want["sample"])
 
     def judgeable(self, snap: Snapshot) -> Snapshot | None:
-        """The leader: what it judges this round. A small job: all of it. A large one: the ranks
-        it has in full, once every member of the groups it asked for is there (else None)."""
-        if self._every:
-            return snap
-        if not self._suspicion.groups:
-            return None
-        return tree.judged(snap, self._suspicion.groups, snap.get("taken_at") or time.time())
+        """The leader: what it judges this round (wants.Wants.judgeable)."""
+        return self.wants.judgeable(snap)
 
     def want(self, wanted: set[int], snap: Snapshot | None = None, now: float | None = None,
              parts: list[dict] | None = None, sample: set[int] | frozenset[int] = frozenset()) -> None:
         """The leader: the ranks whose live stacks it needs from the hosts that hold them, and, on
         a job of more than DETAIL_ALL_RANKS ranks, the groups whose members it needs in full.
-        parts: the summaries snap merged (tree.Suspicion reuses what it counted of the unchanged).
-        sample: the ranks whose stacks their hosts have sampled (stragglers: host/latecomers.py)."""
-        groups: set[str] = set()
-        if snap is not None:
-            self._every = len(snap["ranks"]) <= tree.DETAIL_ALL_RANKS
-            if not self._every:
-                groups = self._suspicion.update(snap, now if now is not None else time.time(), parts)
-        key = (frozenset(wanted), frozenset(groups), self._every, frozenset(sample))
+        parts: the summaries snap merged. sample: the ranks whose stacks their hosts have sampled
+        (stragglers: host/latecomers.py)."""
+        key = self.wants.update(wanted, snap, now, parts, sample)
         top = self._top
-        if top is not None and key != self._wanted:
+        if top is not None and key is not None:
             try:
-                top.set_wanted_stacks(wanted, groups, self._every, sample)
-                self._wanted = key
+                top.set_wanted_stacks(wanted, key[1], key[2], sample)
+                self.wants.sent(key)
             except storelink.StoreError as exc:
                 self.down(exc)
 

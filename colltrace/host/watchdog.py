@@ -106,7 +106,7 @@ class Watchdog:
         self.once = once
         self.node = NodeView(directory, job, host)
         self.outputs = Outputs(directory, self.stream)
-        self.store = Exchange(self.node, store_address, self.stream)
+        self.exchange = Exchange(self.node, store_address, self.stream)
         self.on_hang = OnHang(settings, self.node, self.outputs)
         self.latecomers = Latecomers(settings.straggler_share, settings.straggler_window_s)
         self.reported: set[str] = set()
@@ -122,7 +122,7 @@ class Watchdog:
     # -- what embedders use ------------------------------------------------------------------
     @property
     def leader(self) -> bool:
-        return self.store.leader
+        return self.exchange.leader
 
     @property
     def aborted(self) -> bool:
@@ -142,7 +142,7 @@ class Watchdog:
                 for rank, tr in list(self.node.traces.items())]
 
     def close(self) -> None:
-        self.store.close()
+        self.exchange.close()
 
     # -- one round --------------------------------------------------------------------------
     def _publish(self, snap: Snapshot, findings: list[Finding], new: list[Finding], now: float) -> None:
@@ -155,7 +155,7 @@ class Watchdog:
 
     def _summary(self) -> dict:
         summary = self.node.summary()
-        if self.store.large and self.settings.straggler_share > 0:   # records stay here: who came last, digested
+        if self.exchange.large and self.settings.straggler_share > 0:   # records stay here: who came last, digested
             summary["arrivals"] = arrivals.digest(summary["ranks"], summary["groups"])
         return summary
 
@@ -165,15 +165,15 @@ class Watchdog:
         self.node.poll()
         now = time.time()
         summary = self._summary()
-        others, wanted = self.store.exchange(summary, self.on_hang.act)
-        if self.store.lost_leader is not None:
-            others = others + [self.store.lost_leader]
+        others, wanted = self.exchange.exchange(summary, self.on_hang.act)
+        if self.exchange.lost_leader is not None:
+            others = others + [self.exchange.lost_leader]
         snap = merge([summary] + others, now)
         if self.leader:
             wanted, sample = self._suspects(snap, summary, others, now), self.latecomers.to_sample()
-            self.store.want(wanted, snap, now, parts=[summary] + others, sample=sample)
+            self.exchange.want(wanted, snap, now, parts=[summary] + others, sample=sample)
         else:
-            sample = self.store.sample_wanted
+            sample = self.exchange.sample_wanted
         if sample:
             self.node.ask_samples(sample)   # its own stragglers sample themselves (tracefile/samples.py)
         local = {r for r in self.node.traces if r in wanted}   # its own few, not every rank wanted
@@ -195,7 +195,7 @@ class Watchdog:
             self._publish(snap, list(self.findings), [], now)
             return []
         if (self.settings.dashboard and self.dashboard is None
-                and (self.store.store_address is None or 0 in self.node.traces)):
+                and (self.exchange.store_address is None or 0 in self.node.traces)):
             self.dashboard = False   # on the host of rank 0 only, once; its imports take a second: off this loop
             threading.Thread(target=self.serve_dashboard, name="colltrace-dashboard-start", daemon=True).start()
         new = [f for f in findings if f.key not in self.reported]
@@ -206,13 +206,13 @@ class Watchdog:
             samekind.annotate(new)   # reads the user's source: after the (pure) analysis
             self.findings.extend(new)
             self.outputs.findings(new, self.findings, snap)
-            self.store.publish_findings(self.findings)
+            self.exchange.publish_findings(self.findings)
         self._follow(findings, new, snap)
         self._publish(snap, findings, new, now)
         decision = self.on_hang.due(findings)
         if decision:
             why, key = decision
-            self.store.report_hang(why)   # the other hosts act on it too
+            self.exchange.report_hang(why)   # the other hosts act on it too
             self.on_hang.act(why, key)
         return new
 
@@ -220,10 +220,11 @@ class Watchdog:
         """What a large job's round reads, as a value to compare: this host's ranks (their
         heartbeats aside), the groups asked for, and the other hosts' tables by identity (a table
         is kept while its summary's bytes do not change: host/storelink.py). None on a small job."""
-        if self.store.judges_all:
+        if self.exchange.judges_all:
             return None
         own = {r: {k: v for k, v in e.items() if k != "heartbeat"} for r, e in summary["ranks"].items()}
-        return repr(sorted(own.items())), frozenset(self.store.suspected_groups), tuple(id(o["ranks"]) for o in others)
+        return (repr(sorted(own.items())), frozenset(self.exchange.suspected_groups),
+                tuple(id(o["ranks"]) for o in others))
 
     def _suspects(self, snap: Snapshot, summary: dict, others: list[dict], now: float) -> set[int]:
         """build.suspects of this round, on a large job kept while its input is unchanged, as
@@ -244,7 +245,7 @@ class Watchdog:
         is judged again only after REJUDGE_SHARE of the time has gone to it, at most REJUDGE_MAX_S
         later: a hung job left hanging (COLLTRACE_ON_HANG=warn) does not keep the root busy."""
         def judge() -> list[Finding] | None:
-            judged = self.store.judgeable(snap)   # a large job: the ranks it asked for in full (host/tree.py)
+            judged = self.exchange.judgeable(snap)   # a large job: the ranks it asked for in full (host/tree.py)
             return None if judged is None else verdict.findings_of(judged, self.settings.stall_s, now)
 
         return self._judged.get(self._input_key(summary, others), now, judge, [o["ranks"] for o in others])

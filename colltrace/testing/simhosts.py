@@ -142,7 +142,7 @@ def host_watchdog(job: Job, index: int, store_address, directory: str, stream, f
     wd = Watchdog(directory, "sim", f"node{index}", settings, stream=stream, store_address=store_address)
     wd.node = wd.on_hang.node = cast("NodeView", SimNode(job, index))   # NodeView's surface, not its class
     # hundreds of hosts' connects in one process share clients; they share one clock too
-    wd.store = Exchange(wd.node, store_address, stream, place=(index, job.hosts()), fan=fan, connect=CLIENTS,
+    wd.exchange = Exchange(wd.node, store_address, stream, place=(index, job.hosts()), fan=fan, connect=CLIENTS,
                         clocks=False)
     return wd
 
@@ -184,7 +184,7 @@ def run_host(index: int, ranks: int, fan: int, port: int, t0: float, hang_at, st
                 if seen != fresh:
                     fresh = seen
                     out.put(("fresh", index, seen))
-            if not copied and wd.store.leader_copy_at is not None:
+            if not copied and wd.exchange.leader_copy_at is not None:
                 copied = True
                 out.put(("copied", index))
         except Exception as exc:   # a bad round (a store reply, a host gone): said, the next round runs

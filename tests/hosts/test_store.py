@@ -60,10 +60,10 @@ def test_an_unreachable_store_costs_one_warning_and_the_host_is_still_watched(gl
     thread = threading.Thread(target=wd.run, kwargs={"stop": stop}, daemon=True)
     thread.start()
     deadline = time.time() + 60
-    while time.time() < deadline and wd.store.next_try == 0.0:
+    while time.time() < deadline and wd.exchange.next_try == 0.0:
         time.sleep(0.1)
-    first_failure = wd.store.next_try
-    while time.time() < deadline and wd.store.next_try == first_failure:   # a second attempt fails too
+    first_failure = wd.exchange.next_try
+    while time.time() < deadline and wd.exchange.next_try == first_failure:   # a second attempt fails too
         time.sleep(0.1)
     stop.set()
     thread.join(30)

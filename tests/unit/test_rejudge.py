@@ -16,9 +16,9 @@ def test_an_unchanged_large_job_is_analyzed_again_only_after_rejudge_s(tmp_path,
                         lambda snap, stall_s, now: calls.append(now) or [{"kind": "deadlock", "key": f"k{len(calls)}"}])
     wd = Watchdog(str(tmp_path), "job", "h", config.load({}), stream=io.StringIO())
     picked = []
-    wd.store.judgeable = lambda snap: picked.append(snap) or snap   # what it picks to judge (tree.judged)
-    wd.store._every = False                      # judged from vitals: more than DETAIL_ALL_RANKS ranks
-    wd.store._suspicion.groups = {"0"}
+    wd.exchange.judgeable = lambda snap: picked.append(snap) or snap   # what it picks to judge (tree.judged)
+    wd.exchange.wants.every = False                      # judged from vitals: more than DETAIL_ALL_RANKS ranks
+    wd.exchange.wants.suspicion.groups = {"0"}
     own = {"ranks": {"0": {"rank": 0, "status": "alive", "heartbeat": 1.0, "progress": {"0": {"entered": 5}}}}}
     others = [{"ranks": {"8": {"rank": 8, "status": "alive"}}}, {"ranks": {"16": {"rank": 16, "status": "alive"}}}]
     first = wd._judge({}, own, others, 100.0)
@@ -32,10 +32,10 @@ def test_an_unchanged_large_job_is_analyzed_again_only_after_rejudge_s(tmp_path,
     moved = {"ranks": {"0": dict(own["ranks"]["0"], progress={"0": {"entered": 6}})}}
     wd._judge({}, moved, [others[0], {"ranks": dict(others[1]["ranks"])}], 100.7)   # its own ranks moved
     assert len(calls) == 4
-    wd.store._suspicion.groups = {"0", "pair"}                     # the root asked for more
+    wd.exchange.wants.suspicion.groups = {"0", "pair"}                     # the root asked for more
     wd._judge({}, moved, others, 100.75)
     assert len(calls) == 5
-    wd.store._every = True                        # a small job: every round
+    wd.exchange.wants.every = True                        # a small job: every round
     wd._judge({}, moved, others, 100.76)
     wd._judge({}, moved, others, 100.77)
     assert len(calls) == 7
@@ -46,10 +46,10 @@ def test_a_large_job_not_judgeable_yet_is_asked_again_when_its_input_changes(tmp
     within REJUDGE_S; a host's new table (its details came) is judged at once."""
     monkeypatch.setattr(verdict, "findings_of", lambda snap, stall_s, now: [{"kind": "deadlock", "key": "k"}])
     wd = Watchdog(str(tmp_path), "job", "h", config.load({}), stream=io.StringIO())
-    wd.store._every = False
-    wd.store._suspicion.groups = {"0"}
+    wd.exchange.wants.every = False
+    wd.exchange.wants.suspicion.groups = {"0"}
     whole = []
-    wd.store.judgeable = lambda snap: snap if whole else None
+    wd.exchange.judgeable = lambda snap: snap if whole else None
     own = {"ranks": {"0": {"rank": 0, "status": "alive", "heartbeat": 1.0}}}
     others = [{"ranks": {"8": {"rank": 8, "status": "alive", "vital": True}}}]
     assert wd._judge({}, own, others, 100.0) is None
@@ -74,9 +74,9 @@ def test_where_judging_is_slow_an_unchanged_input_costs_at_most_a_quarter_of_the
     calls: list = []
     monkeypatch.setattr(verdict, "findings_of", slow)
     wd = Watchdog(str(tmp_path), "job", "h", config.load({}), stream=io.StringIO())
-    wd.store.judgeable = lambda snap: snap
-    wd.store._every = False
-    wd.store._suspicion.groups = {"0"}
+    wd.exchange.judgeable = lambda snap: snap
+    wd.exchange.wants.every = False
+    wd.exchange.wants.suspicion.groups = {"0"}
     own = {"ranks": {"0": {"rank": 0, "status": "alive", "heartbeat": 1.0}}}
     others = [{"ranks": {"8": {"rank": 8, "status": "alive"}}}]
     t = 100.0
@@ -99,7 +99,7 @@ def test_the_ranks_whose_stacks_it_needs_are_worked_out_again_when_the_input_cha
     calls = []
     monkeypatch.setattr(watchdog, "suspects", lambda snap, now: calls.append(now) or {3})
     wd = Watchdog(str(tmp_path), "job", "h", config.load({}), stream=io.StringIO())
-    wd.store._every = False
+    wd.exchange.wants.every = False
     own = {"ranks": {"0": {"rank": 0, "status": "alive", "heartbeat": 1.0}}}
     others = [{"ranks": {"8": {"rank": 8, "status": "alive"}}}]
     assert wd._suspects({}, own, others, 100.0) == {3}
@@ -108,7 +108,7 @@ def test_the_ranks_whose_stacks_it_needs_are_worked_out_again_when_the_input_cha
     wd._suspects({}, own, [{"ranks": dict(others[0]["ranks"])}], 100.2)   # a host's new table
     wd._suspects({}, own, others, 100.2 + watchdog.REJUDGE_S)             # time alone, after REJUDGE_S
     assert len(calls) == 3
-    wd.store._every = True
+    wd.exchange.wants.every = True
     wd._suspects({}, own, others, 101.0)
     wd._suspects({}, own, others, 101.0)
     assert len(calls) == 5
