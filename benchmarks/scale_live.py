@@ -135,7 +135,7 @@ def _trace_round(wd, view, since_hang: float, took: float, new: list) -> None:
         judged = (f"{judged} ({sum(1 for a, b in zip(ids, prev, strict=False) if a != b)} of {len(ids)} tables new, "
                   f"at {last[0] % 100:.2f})")
     print(f"scale_live: root +{since_hang:.2f} s, round {took * 1000:.0f} ms: {len(ranks)} ranks, {full} in full, "
-          f"asked {sorted(wd.exchange.suspected_groups)}, judged {judged}, new {[f.kind for f in new]}",
+          f"asked {sorted(wd.exchange.wants.groups)}, judged {judged}, new {[f.kind for f in new]}",
           file=sys.stderr, flush=True)
 
 

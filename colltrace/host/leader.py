@@ -296,23 +296,9 @@ class Exchange:
         return not self.wants.every if self.leader else not self._want["all"]
 
     @property
-    def judges_all(self) -> bool:
-        """The leader judges every rank in full each round (a job of up to DETAIL_ALL_RANKS ranks)."""
-        return self.wants.every
-
-    @property
-    def suspected_groups(self) -> set[str]:
-        """On a large job: the groups whose members the root has asked for in full (tree.Suspicion)."""
-        return self.wants.groups
-
-    @property
     def sample_wanted(self) -> set[int]:
         """The ranks the leader last asked every host to have sampled (this host asks its own)."""
         return set(self._want["sample"])
-
-    def judgeable(self, snap: Snapshot) -> Snapshot | None:
-        """The leader: what it judges this round (wants.Wants.judgeable)."""
-        return self.wants.judgeable(snap)
 
     def want(self, wanted: set[int], snap: Snapshot | None = None, now: float | None = None,
              parts: list[dict] | None = None, sample: set[int] | frozenset[int] = frozenset()) -> None:

@@ -220,10 +220,10 @@ class Watchdog:
         """What a large job's round reads, as a value to compare: this host's ranks (their
         heartbeats aside), the groups asked for, and the other hosts' tables by identity (a table
         is kept while its summary's bytes do not change: host/storelink.py). None on a small job."""
-        if self.exchange.judges_all:
+        if self.exchange.wants.every:   # every rank judged in full each round (a small job)
             return None
         own = {r: {k: v for k, v in e.items() if k != "heartbeat"} for r, e in summary["ranks"].items()}
-        return (repr(sorted(own.items())), frozenset(self.exchange.suspected_groups),
+        return (repr(sorted(own.items())), frozenset(self.exchange.wants.groups),
                 tuple(id(o["ranks"]) for o in others))
 
     def _suspects(self, snap: Snapshot, summary: dict, others: list[dict], now: float) -> set[int]:
@@ -245,7 +245,7 @@ class Watchdog:
         is judged again only after REJUDGE_SHARE of the time has gone to it, at most REJUDGE_MAX_S
         later: a hung job left hanging (COLLTRACE_ON_HANG=warn) does not keep the root busy."""
         def judge() -> list[Finding] | None:
-            judged = self.exchange.judgeable(snap)   # a large job: the ranks it asked for in full (host/tree.py)
+            judged = self.exchange.wants.judgeable(snap)   # a large job: the ranks it asked for in full (host/tree.py)
             return None if judged is None else verdict.findings_of(judged, self.settings.stall_s, now)
 
         return self._judged.get(self._input_key(summary, others), now, judge, [o["ranks"] for o in others])

@@ -16,7 +16,7 @@ def test_an_unchanged_large_job_is_analyzed_again_only_after_rejudge_s(tmp_path,
                         lambda snap, stall_s, now: calls.append(now) or [{"kind": "deadlock", "key": f"k{len(calls)}"}])
     wd = Watchdog(str(tmp_path), "job", "h", config.load({}), stream=io.StringIO())
     picked = []
-    wd.exchange.judgeable = lambda snap: picked.append(snap) or snap   # what it picks to judge (tree.judged)
+    wd.exchange.wants.judgeable = lambda snap: picked.append(snap) or snap   # what it picks to judge (tree.judged)
     wd.exchange.wants.every = False                      # judged from vitals: more than DETAIL_ALL_RANKS ranks
     wd.exchange.wants.suspicion.groups = {"0"}
     own = {"ranks": {"0": {"rank": 0, "status": "alive", "heartbeat": 1.0, "progress": {"0": {"entered": 5}}}}}
@@ -49,7 +49,7 @@ def test_a_large_job_not_judgeable_yet_is_asked_again_when_its_input_changes(tmp
     wd.exchange.wants.every = False
     wd.exchange.wants.suspicion.groups = {"0"}
     whole = []
-    wd.exchange.judgeable = lambda snap: snap if whole else None
+    wd.exchange.wants.judgeable = lambda snap: snap if whole else None
     own = {"ranks": {"0": {"rank": 0, "status": "alive", "heartbeat": 1.0}}}
     others = [{"ranks": {"8": {"rank": 8, "status": "alive", "vital": True}}}]
     assert wd._judge({}, own, others, 100.0) is None
@@ -74,7 +74,7 @@ def test_where_judging_is_slow_an_unchanged_input_costs_at_most_a_quarter_of_the
     calls: list = []
     monkeypatch.setattr(verdict, "findings_of", slow)
     wd = Watchdog(str(tmp_path), "job", "h", config.load({}), stream=io.StringIO())
-    wd.exchange.judgeable = lambda snap: snap
+    wd.exchange.wants.judgeable = lambda snap: snap
     wd.exchange.wants.every = False
     wd.exchange.wants.suspicion.groups = {"0"}
     own = {"ranks": {"0": {"rank": 0, "status": "alive", "heartbeat": 1.0}}}
