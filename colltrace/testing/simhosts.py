@@ -17,6 +17,7 @@ from colltrace import config
 from colltrace.host import storelink
 from colltrace.host.leader import Exchange
 from colltrace.host.watchdog import Watchdog
+from colltrace.model.schema import COMPLETED
 
 if TYPE_CHECKING:
     from colltrace.host.nodeview import NodeView
@@ -67,7 +68,7 @@ class Job:
         progress = {"0": {"entered": step, "completed": step}, f"h{index}": {"entered": 3, "completed": 3}}
         lag, done = self.late.get(rank, 0.0), max(self.late.values(), default=0.0) + 0.001
         records = [{"id": s, "rank": rank, "group": "0", "seq": s, "seq_end": s, "op": "all_reduce",
-                    "backend_op": "allreduce", "p2p": False, "peer": None, "state": "completed", "async": False,
+                    "backend_op": "allreduce", "p2p": False, "peer": None, "state": COMPLETED, "async": False,
                     "entered_at": self.t0 + s * STEP_S + lag, "returned_at": self.t0 + s * STEP_S + done,
                     "completed_at": self.t0 + s * STEP_S + done, "shapes": [[1024]], "dtypes": ["float32"],
                     "reduce_op": "SUM", "root": None, "count": 1, "thread": "MainThread",

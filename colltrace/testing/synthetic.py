@@ -3,6 +3,8 @@ analyzer's scale benchmark (benchmarks/scale.py) and tests that need a large job
 starting one. Plain data, no torch."""
 from __future__ import annotations
 
+from colltrace.model.schema import COMPLETED
+
 T0 = 1_700_000_000.0
 TORCH_FRAME = {"file": "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", "line": 2501,
                "func": "all_reduce"}
@@ -53,7 +55,7 @@ def synthetic_snapshot(n_ranks: int, groups_per_rank: int, hang: bool = True, re
             t += 0.01
             recs.append({"id": 1000 + i, "rank": rank, "group": g, "seq": seqs[g], "seq_end": seqs[g],
                          "op": "all_reduce", "backend_op": "allreduce", "p2p": False, "peer": None,
-                         "state": "completed", "async": False, "entered_at": t, "returned_at": t + 0.001,
+                         "state": COMPLETED, "async": False, "entered_at": t, "returned_at": t + 0.001,
                          "completed_at": t + 0.002, "shapes": [[1024]], "dtypes": ["bfloat16"], "reduce_op": "SUM",
                          "root": None, "count": 1, "thread": "MainThread",
                          "frames": shared_frames.get(g) or _frames(7, "x")})
