@@ -139,8 +139,10 @@ def plan(orig, slow, learn, shim_globals: dict, world, non_member, params, tenso
         p = inspect.signature(orig).parameters.get("op")
         op_default = None if p is None or p.default is inspect.Parameter.empty else p.default
     group_root = f"group_{root_param}" if root_param and f"group_{root_param}" in params else None
-    return _fastpath.Plan(orig, slow, learn, shim_globals, world, non_member, pos(tensor_param or ""), tensor_param,
-                          pos("group"), pos("op") if reducing else -1, op_default, pos("async_op"),
-                          tensor_param is not None, reducing, one_step,
-                          pos(root_param) if root_param else -1, root_param,
-                          pos(group_root) if group_root else -1, group_root)
+    # by name: _fastpath.c's Plan_init takes its fields as keywords (read once, at install)
+    return _fastpath.Plan(orig=orig, slow=slow, learn=learn, shim=shim_globals, world=world, non_member=non_member,
+                          tensor_pos=pos(tensor_param or ""), tensor_name=tensor_param,
+                          group_pos=pos("group"), op_pos=pos("op") if reducing else -1, op_default=op_default,
+                          async_pos=pos("async_op"), has_tensor=tensor_param is not None, reducing=reducing,
+                          one_step=one_step, root_pos=pos(root_param) if root_param else -1, root_name=root_param,
+                          groot_pos=pos(group_root) if group_root else -1, groot_name=group_root)
