@@ -270,8 +270,8 @@ class Analysis:
         for k in stall_roots:
             explained_by = None
             if not k.p2p and not k.targets():
-                for w in k.waiters:
-                    for k2 in g.out_keys.get(w.rank, ()):
+                for waiter in k.waiters:
+                    for k2 in g.out_keys.get(waiter.rank, ()):
                         c = cause_of[comp_of[k2.node]] if k2 is not k else None
                         if c is not None and c != DEFER and c != k.node:
                             explained_by = c

@@ -11,7 +11,7 @@ import sys
 import types
 import weakref
 import zlib
-from typing import Any
+from typing import Any, cast
 
 from colltrace.origins import TORCH_PACKAGES
 from colltrace.words import group_desc as described
@@ -133,7 +133,7 @@ def describe_group(pg):
     except Exception:   # a group c10d knows no backend of (a stand-in, a destroyed one): no name
         backend = ""
     get_seq = None
-    fn = getattr(type(pg), "_get_sequence_number_for_group", None)
+    fn: Any = getattr(type(pg), "_get_sequence_number_for_group", None)
     try:
         fn(pg)
         ref = weakref.ref(pg)   # a bound method would keep the group alive past its destruction
@@ -141,7 +141,7 @@ def describe_group(pg):
         def get_seq():
             p = ref()
             return fn(p) if p is not None else -1
-        get_seq.seq_fn = fn
+        cast(Any, get_seq).seq_fn = fn   # Any: mypy knows no such attribute on a function
     except Exception:   # fn None, or a backend without a counter: numbered by the calls seen
         pass
     # c10d's own registry names every group it made, whatever its class (the same on every rank)

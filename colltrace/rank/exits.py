@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from typing import Any, cast
 
 STACK_FRAMES = 16   # frames kept of an exit call's stack (innermost last)
 MAX_NOTES = 4       # a launcher passing the code on adds a note or two
@@ -99,7 +100,7 @@ def _wrap_exit(orig):
         return orig(*args, **kwargs)
 
     exit.__doc__, exit.__qualname__ = orig.__doc__, orig.__name__
-    exit.__colltrace_original__ = orig
+    cast(Any, exit).__colltrace_original__ = orig   # Any: mypy knows no such attribute on a function
     return exit
 
 
@@ -112,7 +113,7 @@ def _wrap_quitter(orig):
                 pass
         return orig(self, *args, **kwargs)
 
-    __call__.__colltrace_original__ = orig
+    cast(Any, __call__).__colltrace_original__ = orig
     return __call__
 
 
@@ -130,7 +131,7 @@ def _wrap_os_exit(orig):
         return orig(*args, **kwargs)
 
     _exit.__doc__, _exit.__qualname__ = orig.__doc__, orig.__name__
-    _exit.__colltrace_original__ = orig
+    cast(Any, _exit).__colltrace_original__ = orig
     return _exit
 
 

@@ -59,6 +59,7 @@ def load():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(NAME, path)
+    assert spec is not None and spec.loader is not None   # a path with the extension suffix: a loader's
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

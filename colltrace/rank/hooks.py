@@ -271,10 +271,11 @@ def _user_frame(frame, shim_file, torch_dir):
 def _make_pre(ref, shim):
     getframe = sys._getframe
     dist = sys.modules.get("torch.distributed")   # imported: a group exists
-    torch_dir = os.path.dirname(dist.__file__) + os.sep if getattr(dist, "__file__", None) else "\0"
+    dist_file = getattr(dist, "__file__", None)
+    torch_dir = os.path.dirname(dist_file) + os.sep if dist_file else "\0"
     compiler = sys.modules.get("torch.compiler")
     local = _local
-    gs_cache = []
+    gs_cache: list = []
 
     def pre_hook(args):
         try:

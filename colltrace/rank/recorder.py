@@ -18,7 +18,7 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable
-from typing import Any, cast
+from typing import IO, Any, cast
 
 from colltrace import origins
 from colltrace.rank import calls, crash, cudamarks, exits, fastpath, flightrecorder, sampler
@@ -154,7 +154,7 @@ class Recorder:
         # None until it is made below (_storage_error, which the definitions' writer may call
         # first, checks for that); typed as the writer: every method that writes runs after
         self.ring = cast(ringfile.RingWriter, None)
-        self._stack_signal_file = None
+        self._stack_signal_file: object | None = None
         self._storage_failed = False
         defs_path = rank_file(d, rank, "defs.jsonl")
         try:
@@ -177,7 +177,7 @@ class Recorder:
                     pass
             raise storage.StorageError(self._storage_text(exc)) from exc
         self.fault_path = rank_file(d, rank, "fault.txt")
-        self._fault_file = None
+        self._fault_file: IO[str] | None = None
         self.local = fastpath.thread_local(settings) or _Local()
         self._depth = settings.stack_depth
         self.digest_bytes = settings.digest_bytes
@@ -276,11 +276,12 @@ class Recorder:
         else:
             try:
                 # kept open for the process's life: faulthandler writes into it at a fatal signal
-                self._fault_file = open(self.fault_path, "w")  # noqa: SIM115 - faulthandler writes to it
+                fault_file = open(self.fault_path, "w")  # noqa: SIM115 - faulthandler writes to it
             except OSError as exc:   # fatal-signal stacks are lost, nothing else
                 self.defs.write({"k": "note", "text": f"no fault file: {storage.describe(exc)}"})
             else:
-                faulthandler.enable(file=self._fault_file, all_threads=True)
+                self._fault_file = fault_file
+                faulthandler.enable(file=fault_file, all_threads=True)
         rec = self._arm_crash(own)
         if self._stack_signal_file is not None and rec.get("crash"):
             rec.update(crash.install_stack(self.settings.dir, self.rank, asks.stack_signal()))

@@ -127,7 +127,8 @@ class Metrics:
             op = str(x.get("op") or "unknown")
             if rid not in counted:
                 counted.add(rid)
-                n = x.get("count") if x.get("op") == "untraced" and isinstance(x.get("count"), int) else 1
+                count = x.get("count")
+                n = count if x.get("op") == "untraced" and isinstance(count, int) else 1
                 self.collectives.labels(str(x.get("group")), op).inc(n)
             done, entered = x.get("completed_at"), x.get("entered_at")
             if (rid not in timed and x.get("state") == COMPLETED and op != "untraced"
