@@ -16,6 +16,12 @@ from typing import Any, cast
 from colltrace.origins import TORCH_PACKAGES
 from colltrace.words import group_desc as described
 
+# What the recorder interns of a call, once per distinct value (the trace's "sig" definition): (op,
+# backend op, group id, shapes, dtypes, reduce op, root, peer, async). A plain tuple: the wrappers
+# and hooks build one per collective, and a NamedTuple's constructor is a Python call; mypy holds
+# every place that builds one to this shape (Recorder.sig_id's parameter).
+CallSig = tuple[str, str, str, tuple, tuple, str | None, int, int, bool]
+
 MAX_NAMES_SCANNED = 20000   # module globals looked through for a framework's name of a group (bounded)
 # Backends that run an op as something else; recorded so ranks compare like with like.
 BACKEND_OVERRIDES = {("gloo", "reduce_scatter_base"): "allreduce"}

@@ -454,13 +454,13 @@ class Recorder:
         self._stacks[key] = sid
         return sid
 
-    def sig_id(self, key: tuple) -> int:
+    def sig_id(self, key: calls.CallSig) -> int:
         sid = self._sigs.get(key)
         if sid is None:
             return self._new_sig(key)
         return sid
 
-    def _new_sig(self, key: tuple) -> int:
+    def _new_sig(self, key: calls.CallSig) -> int:
         with self._intern:
             sid = self._sigs.get(key)
             if sid is not None:
