@@ -29,47 +29,36 @@ def activate() -> None:
         except Exception as exc:   # never break the user's interpreter start: this rank is then seen from init on
             sys.stderr.write(f"colltrace: warning: this rank is seen from init_process_group on only: {exc!r}\n")
     try:
-        if "torch.distributed.distributed_c10d" in sys.modules:
+        if C10D in sys.modules:
             from colltrace import install
 
             install()
         else:
-            sys.meta_path.insert(0, _TorchDistributedFinder())
+            watch()
     except Exception as exc:  # never break the user's interpreter start
         sys.stderr.write(f"colltrace: disabled, start-up hook failed: {exc!r}\n")
 
 
-class _TorchDistributedFinder:
-    """Waits for torch.distributed.distributed_c10d, patches it right after it executes.
+C10D = "torch.distributed.distributed_c10d"
 
-    Patching at that point (before torch.distributed's `from .distributed_c10d import *`)
-    means every later by-name import, the package namespace included, gets the wrappers.
-    """
 
-    _TARGET = "torch.distributed.distributed_c10d"
+def watch():
+    """Patch torch.distributed right after torch.distributed.distributed_c10d executes: before
+    torch.distributed's `from .distributed_c10d import *`, so that every later by-name import, the
+    package namespace included, gets the wrappers. Returns the watch (the pytest guard cancels it).
+    colltrace.rank.patches imports nothing the interpreter does not have at start."""
+    from colltrace.rank import patches
 
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != self._TARGET:
-            return None
-        sys.meta_path.remove(self)
-        import importlib.util
+    return patches.after_import(C10D, _install)
 
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return None
-        real_exec = spec.loader.exec_module
 
-        def exec_module(module):
-            real_exec(module)
-            try:
-                from colltrace import install
+def _install(module) -> None:
+    try:
+        from colltrace import install
 
-                install()
-            except Exception as exc:   # never break the user's import of torch.distributed: colltrace off, torch as is
-                sys.stderr.write(f"colltrace: disabled, could not patch torch.distributed: {exc!r}\n")
-
-        spec.loader.exec_module = exec_module
-        return spec
+        install()
+    except Exception as exc:   # never break the user's import of torch.distributed: colltrace off, torch as is
+        sys.stderr.write(f"colltrace: disabled, could not patch torch.distributed: {exc!r}\n")
 
 
 def checkout_path() -> list[str]:

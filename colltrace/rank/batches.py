@@ -31,6 +31,8 @@ import weakref
 import zlib
 from typing import Any, cast
 
+from colltrace.rank import patches
+
 FIRST_STEPS = 8      # every training step at first: a short job is judged too
 EVERY = 64           # then one step in EVERY
 PIECES = 8           # strided pieces read from each tensor
@@ -421,15 +423,18 @@ def _write_loader(info: dict) -> None:
 
 # ---- install ----------------------------------------------------------------------------------
 
+_patches = patches.Patches()
+
+
 def _patch_loader(mod) -> None:
-    _patch(mod.DataLoader, "__init__", _loader_init)
-    _patch(mod.DataLoader, "__iter__", _loader_iter)
-    _patch(mod._BaseDataLoaderIter, "__next__", _loader_next)
+    _patches.patch(mod.DataLoader, "__init__", _loader_init)
+    _patches.patch(mod.DataLoader, "__iter__", _loader_iter)
+    _patches.patch(mod._BaseDataLoaderIter, "__next__", _loader_next)
 
 
 def _patch_ddp(mod) -> None:
-    _patch(mod.DistributedDataParallel, "__init__", _ddp_init)
-    _patch(mod.DistributedDataParallel, "forward", _ddp_forward)
+    _patches.patch(mod.DistributedDataParallel, "__init__", _ddp_init)
+    _patches.patch(mod.DistributedDataParallel, "forward", _ddp_forward)
 
 
 def _patch_fsdp(mod) -> None:
@@ -438,21 +443,11 @@ def _patch_fsdp(mod) -> None:
     for name in ("torch.distributed.fsdp", "torch.distributed.fsdp._fully_shard", "torch.distributed._composable.fsdp"):
         pkg = sys.modules.get(name)
         if pkg is not None:
-            _patch(pkg, "fully_shard", _fully_shard)
+            _patches.patch(pkg, "fully_shard", _fully_shard)
 
 
-_patched: list = []   # (owner, name, original)
-
-
-def _patch(owner, name: str, factory) -> None:
-    orig = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
-    if orig is None or hasattr(orig, "__colltrace_original__"):
-        return
-    setattr(owner, name, factory(orig))
-    _patched.append((owner, name, orig))
-
-
-# module -> what patches it once it has run; the FSDP package is patched after its __init__
+# module -> what patches it once it has run (torch imports c10d, where colltrace installs, before
+# the DataLoader and DDP modules); the FSDP package is patched after its __init__
 TARGETS = {
     "torch.utils.data.dataloader": _patch_loader,
     "torch.nn.parallel.distributed": _patch_ddp,
@@ -461,59 +456,11 @@ TARGETS = {
 }
 
 
-class _After:
-    """Runs a target's patch right after its module executes (torch imports c10d, where colltrace
-    installs, before the DataLoader and DDP modules)."""
-
-    def __init__(self):
-        self.busy = threading.local()
-
-    def find_spec(self, fullname, path=None, target=None):
-        if _pending:
-            _catch_up()
-        if fullname not in TARGETS or fullname in sys.modules or getattr(self.busy, "on", False):
-            return None
-        import importlib.util
-
-        self.busy.on = True
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            self.busy.on = False
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        real_exec = spec.loader.exec_module
-
-        def exec_module(module):
-            real_exec(module)
-            _run(fullname, module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 def _run(name, module) -> None:
     try:
         TARGETS[name](module)
     except Exception as exc:   # a module not as expected: said once, sampling stops, its import goes on
         _fail(exc)
-
-
-_pending: list = []   # targets still executing when colltrace installed (the DataLoader's module imports c10d)
-
-
-def _catch_up() -> None:
-    """Patch the targets that have finished executing since (asked at every later import)."""
-    for name in list(_pending):
-        mod = sys.modules.get(name)
-        if mod is None:
-            _pending.remove(name)
-        elif not _initializing(mod):
-            _pending.remove(name)
-            _run(name, mod)
-
-
-_finder = _After()
 
 
 def install(settings, recorder) -> None:
@@ -529,27 +476,14 @@ def install(settings, recorder) -> None:
         _is_compiling = torch.compiler.is_compiling
     except Exception:   # a torch mid-import raises anything: never the user's import
         pass   # torch is still importing: resolved at the first sampled model (below)
-    for name in TARGETS:
-        mod = sys.modules.get(name)
-        if mod is None:
-            continue
-        if _initializing(mod):
-            _pending.append(name)
-        else:
-            _run(name, mod)
-    if _finder not in sys.meta_path:
-        sys.meta_path.insert(0, _finder)
-
-
-def _initializing(mod) -> bool:
-    return bool(getattr(getattr(mod, "__spec__", None), "_initializing", False))
+    for name in TARGETS:   # one still executing (the DataLoader's module imports c10d): once it has run
+        _patches.after_import(name, functools.partial(_run, name))
 
 
 def resolve() -> None:
     """torch's functions, once torch has finished importing (init_process_group)."""
     global _is_compiling, _grad_enabled
-    if _pending:
-        _catch_up()
+    patches.catch_up()
     try:
         import torch
 
@@ -562,10 +496,7 @@ def resolve() -> None:
 def uninstall() -> None:
     if not _state["installed"]:
         return
-    for owner, name, orig in reversed(_patched):
-        setattr(owner, name, orig)
-    _patched.clear()
-    _pending.clear()
+    _patches.restore()
     _need[0] = _want[0] = False
     _given[0] = None
     _last_loader[0] = 0
@@ -573,8 +504,4 @@ def uninstall() -> None:
         if m.handle is not None:
             m.handle.remove()
     _models.clear()
-    try:
-        sys.meta_path.remove(_finder)
-    except ValueError:
-        pass
     _state.update(installed=False, off=False)

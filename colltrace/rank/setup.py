@@ -32,6 +32,7 @@ from typing import Any, cast
 from colltrace.model.schema import LOCAL_SYNC, SETUP_LOCAL
 from colltrace.model.schema import SETUP_GROUP as JOB
 from colltrace.model.schema import STORE_WAIT as STORE_PREFIX
+from colltrace.rank import patches
 from colltrace.rank.calls import param_getter
 from colltrace.words import format_ranks
 
@@ -40,7 +41,7 @@ DETAIL_MAX = 120              # longer texts (a split of many ranks, a long key)
 
 _c10d: Any = None             # torch.distributed.distributed_c10d, once installed
 _shim = None                  # colltrace.rank.shim: its recorder is the one in use
-_originals: dict = {}
+_patches = patches.Patches()   # what install, install_mesh and watch_store_waits patched
 _getframe = sys._getframe
 _time = time.time
 _get_ident = threading.get_ident
@@ -372,19 +373,13 @@ def install(c10d, shim) -> dict:
     stores' waits once there is a recorder (watch_store_waits)."""
     global _c10d, _shim
     _c10d, _shim = c10d, shim
-    out = {}
+    start = len(_patches)
     for name, factory in (("new_group", _make_new_group), ("split_group", _make_split_group),
                           ("_store_based_barrier", _make_store_barrier),
                           ("new_subgroups", lambda f: _make_api(f, "new_subgroups")),
                           ("new_subgroups_by_enumeration", lambda f: _make_api(f, "new_subgroups_by_enumeration"))):
-        orig = getattr(c10d, name, None)
-        if orig is None or hasattr(orig, "__colltrace_original__"):
-            continue
-        new = factory(orig)
-        _originals[("c10d", name)] = orig
-        setattr(c10d, name, new)
-        out[id(orig)] = (orig, new)
-    return out
+        _patches.patch(c10d, name, factory)
+    return _patches.replacements(start)
 
 
 def watch_store_waits() -> None:
@@ -392,49 +387,23 @@ def watch_store_waits() -> None:
     that is no rank keeps torch's own methods and no colltrace frame in its tracebacks: torchrun's
     agent logs one when its exit barrier loses the race with the store's shutdown (pytorch#69520)."""
     store = getattr(_c10d, "Store", None)
+    if store is None:
+        return
     for name, op in (("get", "store.get"), ("wait", "store.wait")):
-        orig = getattr(store, name, None)
-        if orig is None or hasattr(orig, "__colltrace_original__"):
-            continue
-        try:   # a pybind class: its method is replaced on the class itself
-            setattr(store, name, _make_store_wait(orig, op))
-            _originals[("Store", name)] = orig
-        except (TypeError, AttributeError):
-            pass
+        # a pybind class: its method is replaced on the class itself
+        _patches.patch(store, name, functools.partial(_make_store_wait, op=op), may_refuse=True)
 
 
 def install_mesh(module) -> dict:
     """torch.distributed.device_mesh: init_device_mesh and DeviceMesh's constructor name the group
     creations they make."""
-    out = {}
-    orig = getattr(module, "init_device_mesh", None)
-    if orig is not None and not hasattr(orig, "__colltrace_original__"):
-        new = _make_api(orig, "init_device_mesh")
-        _originals[("mesh", "init_device_mesh")] = orig
-        module.init_device_mesh = new
-        out[id(orig)] = (orig, new)
+    start = len(_patches)
+    _patches.patch(module, "init_device_mesh", lambda f: _make_api(f, "init_device_mesh"))
     cls: Any = getattr(module, "DeviceMesh", None)
-    init = getattr(cls, "__init__", None)
-    if init is not None and not hasattr(init, "__colltrace_original__"):
-        try:
-            cls.__init__ = _make_api(init, "DeviceMesh")
-            _originals[("DeviceMesh", "__init__")] = init
-        except (TypeError, AttributeError):
-            pass
-    return out
+    if cls is not None:
+        _patches.patch(cls, "__init__", lambda f: _make_api(f, "DeviceMesh"), may_refuse=True)
+    return _patches.replacements(start)
 
 
 def uninstall() -> None:
-    for (where, name), orig in list(_originals.items()):
-        try:
-            if where == "c10d":
-                setattr(_c10d, name, orig)
-            elif where == "Store":
-                setattr(_c10d.Store, name, orig)
-            elif where == "mesh":
-                cast(Any, sys.modules["torch.distributed.device_mesh"]).init_device_mesh = orig
-            elif where == "DeviceMesh":
-                sys.modules["torch.distributed.device_mesh"].DeviceMesh.__init__ = orig
-        except Exception:   # torch's modules half torn down at exit: what stays patched goes with them
-            pass
-    _originals.clear()
+    _patches.restore()

@@ -18,7 +18,7 @@ import threading
 from typing import Any
 
 from colltrace import config
-from colltrace.rank import calls, cudamarks, early, exits, fastpath, hooks, setup
+from colltrace.rank import calls, cudamarks, early, exits, fastpath, hooks, patches, setup
 from colltrace.rank.calls import (
     BACKEND_OVERRIDES,
     cuda_device,
@@ -97,14 +97,14 @@ class _Shim:
     module's `recorder`, which every wrapper reads)."""
     installed: bool = False
     settings: Any = None                 # config.Settings, once installed
-    originals: dict = dataclasses.field(default_factory=dict)      # name -> torch's own function
-    replacements: dict = dataclasses.field(default_factory=dict)   # name -> (original, replacement)
+    replacements: dict = dataclasses.field(default_factory=dict)   # id(original) -> (original, replacement): swept
     funcol: bool = False                 # the functional collectives are wrapped
     joined: bool = False                 # the recorder knows the default group
     failed: bool = False                 # no recorder in this process: starting one failed, or a fork's child
 
 
 _state = _Shim()
+_patches = patches.Patches()   # what install() and _install_funcol() patched (setup.py keeps its own)
 recorder = None  # the live Recorder; read by every wrapper
 _c10d: Any = None   # torch.distributed.distributed_c10d, once installed
 _NON_MEMBER = object()
@@ -723,12 +723,13 @@ _init_store = _init_rank = _init_world = lambda args, kwargs: None
 
 def _check_op_accepting_originals(orig_check):
     """P2POp validates op by identity against isend/irecv: accept the unpatched ones too, so a
-    P2POp built from a reference taken before colltrace was installed keeps working."""
-    originals = _state.originals
+    P2POp built from a reference taken before colltrace was installed keeps working (patched
+    before it: install())."""
+    isend, irecv = _patches.original(_c10d, "isend"), _patches.original(_c10d, "irecv")
 
     @functools.wraps(orig_check)
     def check(op):
-        if op is originals.get("isend") or op is originals.get("irecv"):
+        if op is isend or op is irecv:
             return None
         return orig_check(op)
 
@@ -767,25 +768,15 @@ def install() -> bool:
         _c10d = c10d
         global _NON_MEMBER
         _NON_MEMBER = c10d.GroupMember.NON_GROUP_MEMBER
-        originals = _state.originals
-        replacements = {}
-
-        def patch(name, factory):
-            orig = getattr(c10d, name, None)
-            if orig is None or hasattr(orig, "__colltrace_original__"):
-                return
-            new = factory(orig)
-            originals[name] = orig
-            setattr(c10d, name, new)
-            replacements[id(orig)] = (orig, new)
-
+        start = len(_patches)
         for name in C10D_OPS:
-            patch(name, functools.partial(_make_c10d_wrapper, name))
-        patch("_coalescing_manager", _make_coalescing_wrapper)
-        patch("init_process_group", _make_init_hook)
-        patch("_register_pg_in_world", _make_group_hook)
-        patch("destroy_process_group", _make_destroy_hook)
-        patch("_check_op", _check_op_accepting_originals)
+            _patches.patch(c10d, name, functools.partial(_make_c10d_wrapper, name))
+        _patches.patch(c10d, "_coalescing_manager", _make_coalescing_wrapper)
+        _patches.patch(c10d, "init_process_group", _make_init_hook)
+        _patches.patch(c10d, "_register_pg_in_world", _make_group_hook)
+        _patches.patch(c10d, "destroy_process_group", _make_destroy_hook)
+        _patches.patch(c10d, "_check_op", _check_op_accepting_originals)
+        replacements = _patches.replacements(start)
         replacements.update(setup.install(c10d, sys.modules[__name__]))
         global recorder
         if recorder is None and not _state.failed and early.recorder() is not None:
@@ -793,15 +784,11 @@ def install() -> bool:
         if recorder is not None:
             setup.watch_store_waits()
         work: Any = getattr(c10d, "Work", None)
-        wait = getattr(work, "wait", None)
-        if wait is not None and not hasattr(wait, "__colltrace_original__"):
-            try:   # c10d's Work is a pybind class: its method is replaced on the class itself
-                # c10d's blocking collectives wait on their Work inside the wrapper: there the
-                # compiled gate calls the original at once (the hot path pays no Python frame)
-                work.wait = fastpath.method_gate(wait, _make_wait_wrapper(wait, lambda w: False), settings)
-                originals["Work.wait"] = wait
-            except (TypeError, AttributeError):
-                pass
+        if work is not None:   # a pybind class: its method is replaced on the class itself
+            # c10d's blocking collectives wait on their Work inside the wrapper: there the
+            # compiled gate calls the original at once (the hot path pays no Python frame)
+            _patches.patch(work, "wait", lambda wait: fastpath.method_gate(
+                wait, _make_wait_wrapper(wait, lambda w: False), settings), may_refuse=True)
         _sweep(replacements)
         _state.replacements = replacements
         _state.installed = True
@@ -828,30 +815,21 @@ def _install_funcol():
         import torch.distributed._functional_collectives as funcol
     except Exception:   # a torch without functional collectives, or one failing to import them: not traced
         return
-    originals = _state.originals
-    replacements = {}
 
     def resolve(group, tag):
         return _c10d._resolve_process_group(funcol._resolve_group_name(group, tag))
 
+    start = len(_patches)
     for name in FUNCOL_OPS:
-        orig = getattr(funcol, name, None)
-        if orig is None or hasattr(orig, "__colltrace_original__"):
-            continue
-        new = _make_funcol_wrapper(name, orig, resolve)
-        originals["funcol." + name] = orig
-        setattr(funcol, name, new)
-        replacements[id(orig)] = (orig, new)
+        _patches.patch(funcol, name, functools.partial(_make_funcol_wrapper, name, resolve_group=resolve))
+    replacements = _patches.replacements(start)
     mesh = sys.modules.get("torch.distributed.device_mesh")
     if mesh is not None:   # its group creations named by the API the program called (rank/setup.py)
         replacements.update(setup.install_mesh(mesh))
     # AsyncCollectiveTensor waits through this module-level function (trigger_wait, wait)
-    orig = getattr(funcol, "wait_tensor", None)
-    if orig is not None and not hasattr(orig, "__colltrace_original__"):
-        new = _make_wait_wrapper(orig, _is_cpu_tensor)
-        originals["funcol.wait_tensor"] = orig
-        funcol.wait_tensor = new
-        replacements[id(orig)] = (orig, new)
+    start = len(_patches)
+    _patches.patch(funcol, "wait_tensor", lambda orig: _make_wait_wrapper(orig, _is_cpu_tensor))
+    replacements.update(_patches.replacements(start))
     _sweep(replacements)
     _state.replacements.update(replacements)
 
@@ -875,15 +853,7 @@ def uninstall() -> None:
         if not _state.installed:
             return
         reverse = {id(new): (new, orig) for orig, new in _state.replacements.values()}
-        for name, orig in _state.originals.items():
-            if name == "Work.wait":
-                _c10d.Work.wait = orig
-            elif name.startswith("funcol."):
-                import torch.distributed._functional_collectives as funcol
-
-                setattr(funcol, name[7:], orig)
-            else:
-                setattr(_c10d, name, orig)
+        _patches.restore()
         _sweep(reverse)
         hooks.detach_all()
         cudamarks.unwatch_captures()
@@ -891,7 +861,7 @@ def uninstall() -> None:
         from colltrace.rank import batches
 
         batches.uninstall()
-        _state.originals.clear()
+        _state.replacements = {}
         _state.installed = False
         _state.funcol = False
         if recorder is not None:

@@ -27,7 +27,7 @@ from colltrace.model.finding import Finding
 from colltrace.model.parts import RankPart
 
 if TYPE_CHECKING:
-    from colltrace._boot import _TorchDistributedFinder
+    from colltrace.rank.patches import Watch
 
 ENV_KEYS = ("COLLTRACE", "COLLTRACE_DIR", "COLLTRACE_WATCHDOG", "COLLTRACE_ON_HANG", "COLLTRACE_STALL_S")
 INTERRUPT_AFTER_S = 3.0     # after ending the ranks: time the test gets to return by itself
@@ -99,7 +99,7 @@ class TestGuard:
         self._thread: threading.Thread | None = None
         self._wd = None
         self._saved_env: dict = {}
-        self._finder: _TorchDistributedFinder | None = None
+        self._watch: Watch | None = None   # the start-up hook's, waiting for torch.distributed
         self._installed_here = False
         self._prev_handler: Callable[[int, FrameType | None], Any] | int | None = None
         self._handler_set = False
@@ -154,19 +154,15 @@ class TestGuard:
             shim.install()
             self._installed_here = True
         else:  # patch torch.distributed only if the test imports it
-            self._finder = _boot._TorchDistributedFinder()
-            sys.meta_path.insert(0, self._finder)
+            self._watch = _boot.watch()
 
     def _untrace_this_process(self) -> None:
         from colltrace.rank import shim
 
         fired = False
-        if self._finder is not None:
-            if self._finder in sys.meta_path:
-                sys.meta_path.remove(self._finder)
-            else:
-                fired = True
-            self._finder = None
+        if self._watch is not None:
+            fired = not self._watch.cancel()
+            self._watch = None
         if (self._installed_here or fired) and shim.is_installed():
             shim.uninstall()  # the next test's trace goes to its own folder
         self._installed_here = False
