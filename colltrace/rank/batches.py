@@ -116,7 +116,7 @@ def _ddp_forward(orig):
                         _fail(exc)
         return orig(self, *inputs, **kwargs)
 
-    forward.__colltrace_original__ = orig
+    patches.mark(forward, orig)
     return forward
 
 
@@ -303,7 +303,7 @@ def _ddp_init(orig):
         except Exception as exc:   # said once, sampling stops: the user's DDP is made regardless
             _fail(exc)
 
-    __init__.__colltrace_original__ = orig
+    patches.mark(__init__, orig)
     return __init__
 
 
@@ -326,7 +326,7 @@ def _fully_shard(orig):
             _fail(exc)
         return out
 
-    fully_shard.__colltrace_original__ = orig
+    patches.mark(fully_shard, orig)
     return fully_shard
 
 
@@ -346,7 +346,7 @@ def _loader_init(orig):
         except TypeError:
             pass   # a subclass made unhashable (__eq__ without __hash__): its batches are not tied to it
 
-    __init__.__colltrace_original__ = orig
+    patches.mark(__init__, orig)
     return __init__
 
 
@@ -385,7 +385,7 @@ def _loader_iter(orig):
             pass   # an iterator without a __dict__: its batches are not tied to the loader
         return it
 
-    __iter__.__colltrace_original__ = orig
+    patches.mark(__iter__, orig)
     return __iter__
 
 
@@ -405,7 +405,7 @@ def _loader_next(orig):
                     _fail(exc)
         return batch
 
-    __next__.__colltrace_original__ = orig
+    patches.mark(__next__, orig)
     return __next__
 
 

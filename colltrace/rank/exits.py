@@ -21,7 +21,8 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import Any, cast
+
+from colltrace.rank import patches
 
 STACK_FRAMES = 16   # frames kept of an exit call's stack (innermost last)
 MAX_NOTES = 4       # a launcher passing the code on adds a note or two
@@ -100,7 +101,7 @@ def _wrap_exit(orig):
         return orig(*args, **kwargs)
 
     exit.__doc__, exit.__qualname__ = orig.__doc__, orig.__name__
-    cast(Any, exit).__colltrace_original__ = orig   # Any: mypy knows no such attribute on a function
+    patches.mark(exit, orig)
     return exit
 
 
@@ -113,7 +114,7 @@ def _wrap_quitter(orig):
                 pass
         return orig(self, *args, **kwargs)
 
-    cast(Any, __call__).__colltrace_original__ = orig
+    patches.mark(__call__, orig)
     return __call__
 
 
@@ -131,7 +132,7 @@ def _wrap_os_exit(orig):
         return orig(*args, **kwargs)
 
     _exit.__doc__, _exit.__qualname__ = orig.__doc__, orig.__name__
-    cast(Any, _exit).__colltrace_original__ = orig
+    patches.mark(_exit, orig)
     return _exit
 
 

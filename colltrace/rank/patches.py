@@ -26,6 +26,12 @@ def is_patched(obj) -> bool:
     return hasattr(obj, ORIGINAL)
 
 
+def mark(new, orig) -> None:
+    """new is colltrace's, in place of orig (a factory's last step; typed Any: a function
+    object takes the attribute, which mypy does not know)."""
+    setattr(new, ORIGINAL, orig)
+
+
 class Patches:
     """The patches and import watches one part of colltrace made, undone together."""
 
@@ -186,7 +192,7 @@ class _Finder:
             for watch in watches:
                 watch.callback(module)
 
-        spec.loader.exec_module = exec_module   # this spec's loader, for this import only
+        setattr(spec.loader, "exec_module", exec_module)   # noqa: B010 - this spec's loader, for this import only
         return spec
 
 

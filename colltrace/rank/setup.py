@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import zlib
-from typing import Any, cast
+from typing import Any
 
 from colltrace.model.schema import LOCAL_SYNC, SETUP_LOCAL
 from colltrace.model.schema import SETUP_GROUP as JOB
@@ -40,7 +40,7 @@ JOB_DESC = "group creation: every rank of the job"
 DETAIL_MAX = 120              # longer texts (a split of many ranks, a long key) end in their CRC
 
 _c10d: Any = None             # torch.distributed.distributed_c10d, once installed
-_shim = None                  # colltrace.rank.shim: its recorder is the one in use
+_shim: Any = None             # colltrace.rank.shim: its recorder is the one in use
 _patches = patches.Patches()   # what install, install_mesh and watch_store_waits patched
 _getframe = sys._getframe
 _time = time.time
@@ -49,7 +49,7 @@ _get_ident = threading.get_ident
 
 class _Local(threading.local):
     depth = 0       # >0 inside a recorded setup call: calls inside it are its parts
-    api = None      # the API the program called that makes groups through new_group (new_subgroups, a mesh)
+    api: str | None = None   # the API the program called that makes groups through new_group (new_subgroups, a mesh)
 
 
 _local = _Local()
@@ -155,7 +155,7 @@ def wrap_init(orig, before, after):
         after()
         return result
 
-    wrapper.__colltrace_original__ = orig
+    patches.mark(wrapper, orig)
     return wrapper
 
 
@@ -198,7 +198,7 @@ def _make_new_group(orig):
                 rec.internal_error(exc)
         return result
 
-    new_group.__colltrace_original__ = orig
+    patches.mark(new_group, orig)
     return new_group
 
 
@@ -246,7 +246,7 @@ def _make_split_group(orig):
             return orig(*args, **kwargs)
         return _run(rec, ctx, orig, args, kwargs)
 
-    split_group.__colltrace_original__ = orig
+    patches.mark(split_group, orig)
     return split_group
 
 
@@ -272,7 +272,7 @@ def _make_store_barrier(orig):
             return orig(*args, **kwargs)
         return _run(rec, ctx, orig, args, kwargs)
 
-    barrier.__colltrace_original__ = orig
+    patches.mark(barrier, orig)
     return barrier
 
 
@@ -290,7 +290,7 @@ def _make_api(orig, name: str):
         finally:
             _local.api = None
 
-    cast(Any, api).__colltrace_original__ = orig   # Any: mypy knows no such attribute on a function
+    patches.mark(api, orig)
     return api
 
 
@@ -328,7 +328,7 @@ def _make_store_wait(orig, op: str):
         return result
 
     functools.update_wrapper(wait, orig)
-    cast(Any, wait).__colltrace_original__ = orig   # Any: mypy knows no such attribute on a function
+    patches.mark(wait, orig)
     return wait
 
 

@@ -15,7 +15,7 @@ import inspect
 import os
 import sys
 import threading
-from typing import Any
+from typing import Any, cast
 
 from colltrace import config
 from colltrace.rank import calls, cudamarks, early, exits, fastpath, hooks, patches, setup
@@ -162,7 +162,7 @@ def _forwarder(name, orig, sig, plan):
         call.append(f"{p.name}={p.name}" if p.kind is p.KEYWORD_ONLY else p.name)
     src = _FORWARDER.format(name=name, params=", ".join(heads), call=", ".join(call),
                             defaults=", ".join(defaults) or "_d=None")
-    ns = {}
+    ns: dict = {}
     exec(compile("\n" * (_FORWARDER_LINE - 1) + src, __file__, "exec"), globals(), ns)
     fwd = ns["_factory"](orig, plan, **defaults)
     fwd.__qualname__ = getattr(orig, "__qualname__", name)   # a bad call's TypeError names it as the original's does
@@ -258,14 +258,14 @@ def _make_c10d_wrapper(name, orig):
                 gs = rec.group_state(group, first_sight)
                 if gs is None:   # a group colltrace cannot describe: its calls pass through untraced
                     return orig(*args, **kwargs)
-                objects_on = _object_device(group, get_device(args, kwargs)) if is_object else None
+                objects_on: Any = _object_device(group, get_device(args, kwargs)) if is_object else None
                 if gs.lanes is not None:   # a group of several backends: the one this op goes to
                     gs = gs.lane(objects_on.type if is_object else device_type(tensor) if tensor_param or is_batch
                                  else _barrier_device_type(group, get_device_ids(args, kwargs)))
                 is_async = bool(get_async(args, kwargs)) or kind == "p" and op_name in ("isend", "irecv") or is_batch
                 flags = (F_ASYNC if is_async else 0) | (F_P2P if is_p2p else 0)
                 root = peer = -1
-                pair = None
+                pair: tuple | None = None
                 if root_name is not None:
                     r = given_root(gs, get_root(args, kwargs), get_group_root(args, kwargs))
                     if is_p2p:
@@ -334,7 +334,7 @@ def _make_c10d_wrapper(name, orig):
 
     wrapper = build(1)
 
-    wrapper.__colltrace_original__ = orig
+    patches.mark(wrapper, orig)
     if kind != "c" or _state.settings is None or _state.settings.pure:
         return wrapper
 
@@ -370,8 +370,8 @@ def _make_c10d_wrapper(name, orig):
                 return orig(*args, **kwargs)
             return plan(*args, **kwargs)
     fast = functools.wraps(orig)(fast)
-    fast.__colltrace_original__ = orig
-    fast.__colltrace_plan__ = plan   # its `hits`: calls the compiled path recorded itself
+    patches.mark(fast, orig)
+    cast(Any, fast).__colltrace_plan__ = plan   # its `hits`: calls the compiled path recorded itself
     return fast
 
 
@@ -445,7 +445,7 @@ def _make_coalescing_wrapper(orig):
             except Exception as exc:   # reported once; tracing steps aside
                 rec.internal_error(exc)
 
-    wrapper.__colltrace_original__ = orig
+    patches.mark(wrapper, orig)
     return wrapper
 
 
@@ -500,7 +500,7 @@ def _make_funcol_wrapper(name, orig, resolve_group):
             rec.internal_error(exc)
         return result
 
-    wrapper.__colltrace_original__ = orig
+    patches.mark(wrapper, orig)
     return wrapper
 
 
@@ -539,7 +539,7 @@ def _make_wait_wrapper(orig, done_on_return):
             rec.internal_error(exc)
         return result
 
-    wait.__colltrace_original__ = orig
+    patches.mark(wait, orig)
     return wait
 
 
@@ -684,7 +684,7 @@ def _make_group_hook(orig):
             pass  # torch fills in the group's ranks after registering it: described at first use
         return result
 
-    wrapper.__colltrace_original__ = orig
+    patches.mark(wrapper, orig)
     return wrapper
 
 
@@ -704,7 +704,7 @@ def _make_destroy_hook(orig):
                 rec.internal_error(exc)
         return orig(*args, **kwargs)
 
-    wrapper.__colltrace_original__ = orig
+    patches.mark(wrapper, orig)
     return wrapper
 
 
@@ -733,7 +733,7 @@ def _check_op_accepting_originals(orig_check):
             return None
         return orig_check(op)
 
-    check.__colltrace_original__ = orig_check
+    patches.mark(check, orig_check)
     return check
 
 
