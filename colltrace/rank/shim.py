@@ -337,6 +337,15 @@ def _make_c10d_wrapper(name, orig):
     patches.mark(wrapper, orig)
     if kind != "c" or _state.settings is None or _state.settings.pure:
         return wrapper
+    return _compiled(name, orig, sig, build, root_name) or wrapper
+
+
+def _compiled(name, orig, sig, build, root_name):
+    """The function torch.distributed calls where the compiled path takes a collective (fastpath.plan):
+    its Plan, with build(2) (the Python wrapper, one frame further from the user's call) for every
+    call the Plan hands over; None where the compiled path does not apply."""
+    backend_op, tensor_param, reducing, _ = C10D_OPS[name]
+    digestible = name in DIGEST_OPS
 
     def learn(rec, pg, tensor, op, is_async, r=None, gr=None):
         """What the compiled path needs for calls like this one, as the Python wrapper would
@@ -354,14 +363,14 @@ def _make_c10d_wrapper(name, orig):
             root = given_root(gs, r, gr)
         shapes, dtypes, cuda = describe_tensors(tensor)
         bop = BACKEND_OVERRIDES.get((gs.backend, backend_op), backend_op)
-        sig = rec.sig_id((op_name, bop, gs.id, shapes, dtypes, redop_name(op), root, -1, is_async))
+        sig = rec.sig_id((name, bop, gs.id, shapes, dtypes, redop_name(op), root, -1, is_async))
         return fastpath.learned(sig, gs, wrapper_only=bool(cuda or (digestible and rec.digest_bytes)),
                                 one_step=name in fastpath.ONE_STEP)
 
     plan = fastpath.plan(orig, build(2), learn, globals(), _c10d._world, _NON_MEMBER, list(sig.parameters),
                          tensor_param, reducing, one_step=name in fastpath.ONE_STEP, root_param=root_name)
     if plan is None:
-        return wrapper
+        return None
 
     fast = _forwarder(name, orig, sig, plan)
     if fast is None:
