@@ -21,6 +21,7 @@ import os
 import sys
 import threading
 import weakref
+from typing import Any, Protocol
 
 from colltrace.rank import fastpath
 from colltrace.rank.calls import BACKEND_OVERRIDES, describe_tensors, device_type, to_global
@@ -47,6 +48,19 @@ _BASE_FORM = {"allgather": "allgather_base", "reduce_scatter": "reduce_scatter_b
 # ALLGATHER_INTO_TENSOR_COALESCED where 2.14 said ALLGATHER): ranks compare like with like.
 _SINGLE_FORM = {"allreduce_coalesced": "allreduce", "allgather_into_tensor_coalesced": "allgather_base",
                 "reduce_scatter_tensor_coalesced": "reduce_scatter_base"}
+
+
+class Tracer(Protocol):
+    """What the hooks use of the module that installs them (colltrace.rank.shim, handed in: it
+    imports this module). Read each time, never kept: the recorder changes (init_process_group, a
+    fork). The compiled Gate reads `recorder` from the module's namespace itself (vars(shim))."""
+
+    recorder: Any          # the recorder in use (None: nothing is recorded)
+    __file__: str | None   # its frames are colltrace's, stepped over to the user's
+
+    def settings(self) -> Any: ...           # what the patches were installed with (None before install)
+
+    def first_sight(self, pg) -> Any: ...    # Recorder.group_state's callback for a group seen first
 
 
 class _Local(threading.local):
@@ -88,7 +102,7 @@ def op_name(name, n_in: int, n_out: int) -> str:
     return op
 
 
-def attach(pg, shim) -> bool:
+def attach(pg, shim: Tracer) -> bool:
     """Register our pre/post hooks on `pg` once. The hooks hold the group weakly (a group holds
     its hooks: a strong reference would keep every destroyed group alive). Never raises."""
     try:
@@ -127,7 +141,7 @@ def attach(pg, shim) -> bool:
 _compiled: list = []   # [the built C++ module or None], decided once per process
 
 
-def _compiled_hooks(shim, settings):
+def _compiled_hooks(shim: Tracer, settings):
     """`colltrace build-hooks`' module where one was built for this torch and Python and the
     settings allow it (not COLLTRACE_HOOKS=python); else None: the gates are registered as Python
     hooks and counters and tensors read through Python. Loading it points _fastpath at its readers. A
@@ -150,7 +164,7 @@ def _compiled_hooks(shim, settings):
     return _compiled[0]
 
 
-def load_compiled(shim) -> None:
+def load_compiled(shim: Tracer) -> None:
     """On any torch, where the compiled path is in use: load build-hooks' module once (its counter
     and tensor readers serve the compiled path from then on). Called as a group is first seen (shim.first_sight).
     Never raises."""
@@ -168,7 +182,7 @@ def compiled_in_use() -> bool:
     return bool(_compiled and _compiled[0] is not None)
 
 
-def _report_once(shim, exc) -> None:
+def _report_once(shim: Tracer, exc) -> None:
     """Said once per process on stderr; tracing goes on (the Python hooks record the same)."""
     if _said:
         return
@@ -181,7 +195,7 @@ def _report_once(shim, exc) -> None:
 _said: list = []
 
 
-def _compiled_path_settings(shim):
+def _compiled_path_settings(shim: Tracer):
     """The shim's settings where the compiled path is in use; None where it is not: no compiled
     path, COLLTRACE_PURE=1, a shim that is no module (tests)."""
     settings = shim.settings() if hasattr(shim, "settings") else None
@@ -190,7 +204,7 @@ def _compiled_path_settings(shim):
     return settings
 
 
-def _kinds(shim):
+def _kinds(shim: Tracer):
     """Per HookOpName value, what the compiled hook case does with it: 1 takes it (its op follows
     from the name and the inputs' count), 2 takes it with the outputs' count too, 0 leaves it to the
     Python hook (a root, a peer, a name it does not know). None where the compiled case is not used:
@@ -240,7 +254,7 @@ def detach_all() -> None:
                 pass
 
 
-def _report(shim, exc) -> None:
+def _report(shim: Tracer, exc) -> None:
     rec = shim.recorder
     if rec is not None:
         try:
@@ -268,7 +282,7 @@ def _user_frame(frame, shim_file, torch_dir):
     return frame
 
 
-def _make_pre(ref, shim):
+def _make_pre(ref, shim: Tracer):
     getframe = sys._getframe
     dist = sys.modules.get("torch.distributed")   # imported: a group exists
     dist_file = getattr(dist, "__file__", None)
@@ -339,7 +353,7 @@ def _make_pre(ref, shim):
     return pre_hook
 
 
-def _make_learn(ref, shim):
+def _make_learn(ref, shim: Tracer):
     def learn(rec, args, ins, is_async):
         """What the compiled pre-hook needs for ops like this one (its HookOpName, the tensors'
         counts, the one input's shape and dtype, async_op), interned as pre_hook interns them
@@ -363,7 +377,7 @@ def _make_learn(ref, shim):
     return learn
 
 
-def _make_post(shim):
+def _make_post(shim: Tracer):
     local = _local
 
     def post_hook(args):
