@@ -51,7 +51,7 @@ dcp.load(state, checkpoint_id=ckpt)
 dist.barrier()
 print("DONE", flush=True)
 del ddp, model, opt, mesh, d, r, state   # nothing of ours may hold a group past its destruction (gloo aborts at exit)
-if tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 5):
+if torch.__version__ < (2, 5):   # TorchVersion compares as a release
     # torch 2.4's ProcessGroupGloo joins its threads holding the GIL, while a thread may still be
     # freeing the barrier's Work, whose dcp all_gather tensors need the GIL: a deadlock untraced too
     # (about 1 run in 10, seen with py-spy --native). Its threads get the time to finish first.
