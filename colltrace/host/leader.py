@@ -309,8 +309,9 @@ class Exchange:
         key = self.wants.update(wanted, snap, now, parts, sample)
         top = self._top
         if top is not None and key is not None:
+            _, groups, every, _ = key   # (stacks, groups, every, sample): wants.Wants.update
             try:
-                top.set_wanted_stacks(wanted, key[1], key[2], sample)
+                top.set_wanted_stacks(wanted, groups, every, sample)
                 self.wants.sent(key)
             except storelink.StoreError as exc:
                 self.down(exc)
