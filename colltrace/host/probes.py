@@ -173,6 +173,13 @@ def live_stacks(directory: str, due: dict[int, tuple[int, dict]], py_spy_ok: boo
                 if frames is not None:
                     out[rank] = (frames, "in-process", [], _main_native(data.get("threads") or []))
                     pending.discard(rank)
+    # the rank's poller waits only briefly for its main thread to take its native frames (a loaded
+    # machine may schedule that thread late): the stack signal's handler then takes them instead
+    late = sorted(r for r, got in out.items() if r in with_native and got[3] is None and due[r][1].get("native_stack"))
+    if late:
+        by_signal(directory, {r: due[r] for r in late})
+        for rank in late:
+            out[rank] = out[rank][:3] + (_read_native(directory, rank),)
     signalled = by_signal(directory, {r: due[r] for r in sorted(pending)})
     for rank in sorted(pending):
         pid, meta = due[rank]

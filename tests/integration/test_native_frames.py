@@ -161,6 +161,8 @@ from colltrace.tracefile import asks
 d = sys.argv[1]
 meta, keep = asks.install_signal(d, 0)
 crash.install(d, 0, [])
+if sys.argv[3] == "late":
+    crash.LIVE_WAIT_S = 0.0   # as on a loaded machine: the main thread takes its frames after the poller gave up
 meta.update(crash.install_stack(d, 0, meta["stack_signal"]))
 r = asks.StackResponder(d, 0, native=crash.main_stack)
 def serve():
@@ -175,11 +177,12 @@ hold()
 """
 
 
-@pytest.mark.parametrize("gil, route", [("free", "in-process"), ("gil", "signal")])
-def test_a_live_ranks_native_frames_by_its_own_thread_or_by_the_stack_signal(tmp_path, victim_lib, gil, route):
+@pytest.mark.parametrize("gil, route, when", [("free", "in-process", "soon"), ("free", "in-process", "late"),
+                                             ("gil", "signal", "soon")])
+def test_a_live_ranks_native_frames_by_its_own_thread_or_by_the_stack_signal(tmp_path, victim_lib, gil, route, when):
     from colltrace.host import probes
 
-    p = subprocess.Popen([sys.executable, "-c", LIVE_JOB, str(tmp_path), gil], stdout=subprocess.PIPE, text=True,
+    p = subprocess.Popen([sys.executable, "-c", LIVE_JOB, str(tmp_path), gil, when], stdout=subprocess.PIPE, text=True,
                          env={**os.environ, "VICTIM_LIB": victim_lib})
     try:
         meta = json.loads(p.stdout.readline())
