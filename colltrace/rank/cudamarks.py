@@ -32,6 +32,8 @@ import sys
 import threading
 from typing import Any, cast
 
+from colltrace.rank import patches
+
 POOL_MAX = 4096         # free events kept per device (a burst of async collectives may hold many)
 OWN_STREAMS_MAX = 64    # colltrace's own streams per process; past it, Works are polled instead
 BEGIN_WAIT_S = 2.0      # how long a capture's begin waits for a poll under way to finish
@@ -100,7 +102,7 @@ class CaptureGate:
 
 
 GATE = CaptureGate()
-_patched: dict = {}   # (class, method name) -> the class's own attribute before (None: inherited)
+_patched: dict = {}   # class -> its capture methods' patches (colltrace/rank/patches.py)
 
 
 def watch_captures(gate: CaptureGate = GATE, cls=None) -> bool:
@@ -111,7 +113,7 @@ def watch_captures(gate: CaptureGate = GATE, cls=None) -> bool:
         cls = getattr(sys.modules.get("torch.cuda.graphs"), "CUDAGraph", None)
     if cls is None:
         return False
-    if (cls, "capture_begin") in _patched:
+    if cls in _patched:
         return True
     begin, end = getattr(cls, "capture_begin", None), getattr(cls, "capture_end", None)
     if begin is None or end is None:
@@ -135,30 +137,22 @@ def watch_captures(gate: CaptureGate = GATE, cls=None) -> bool:
         finally:
             gate.end(self)
 
-    # Any: mypy knows no such attributes on a function (they mark colltrace's wrappers)
-    wrappers: tuple[tuple[str, Any, Any], ...] = (("capture_begin", capture_begin, begin),
-                                                  ("capture_end", capture_end, end))
-    for name, new, old in wrappers:
-        new.__wrapped__ = old
-        new.__colltrace_original__ = old
-        _patched[(cls, name)] = cls.__dict__.get(name)
-        setattr(cls, name, new)
+    def wrapping(new: Any):
+        def factory(old):
+            new.__wrapped__ = old
+            patches.mark(new, old)
+            return new
+        return factory
+
+    made = _patched[cls] = patches.Patches()
+    made.patch(cls, "capture_begin", wrapping(capture_begin), inherited=True)
+    made.patch(cls, "capture_end", wrapping(capture_end), inherited=True)
     return True
 
 
 def unwatch_captures(cls=None) -> None:
-    for key, own in list(_patched.items()):
-        klass, name = key
-        if cls is not None and klass is not cls:
-            continue
-        if own is not None:
-            setattr(klass, name, own)
-        else:
-            try:
-                delattr(klass, name)
-            except AttributeError:
-                pass
-        del _patched[key]
+    for klass in [k for k in _patched if cls is None or k is cls]:
+        _patched.pop(klass).restore()
 
 
 class _Cudart:

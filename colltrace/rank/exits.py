@@ -30,7 +30,7 @@ MAX_NOTES = 4       # a launcher passing the code on adds a note or two
 # No lock: a signal handler may call sys.exit while the main thread is inside a note (list
 # operations are atomic under the GIL).
 _notes: list[dict] = []        # the exit calls made on the main thread, oldest first
-_originals: dict = {}          # (owner, name) -> the original
+_patches = patches.Patches()   # sys.exit, os._exit, exit()/quit()
 _writer = None                 # writer(note): the recorder's, for os._exit
 _fork_hook = False
 
@@ -136,14 +136,6 @@ def _wrap_os_exit(orig):
     return _exit
 
 
-def _patch(owner, name, factory) -> None:
-    orig = getattr(owner, name, None)
-    if orig is None or hasattr(orig, "__colltrace_original__"):
-        return
-    setattr(owner, name, factory(orig))
-    _originals[(owner, name)] = orig
-
-
 def install() -> None:
     """Wrap the exit calls (idempotent). Each wrapper calls the original as it was called."""
     global _fork_hook
@@ -151,21 +143,18 @@ def install() -> None:
     # at the interpreter's start (rank/early.py) finds none, and they are wrapped at the next call
     quitter = type(getattr(__import__("builtins"), "exit", None))
     if quitter.__module__ == "_sitebuiltins":   # absent under python -S
-        _patch(quitter, "__call__", _wrap_quitter)
-    if (sys, "exit") in _originals:
+        _patches.patch(quitter, "__call__", _wrap_quitter)
+    if _patches.original(sys, "exit") is not None:
         return
-    _patch(sys, "exit", _wrap_exit)
-    _patch(os, "_exit", _wrap_os_exit)
+    _patches.patch(sys, "exit", _wrap_exit)
+    _patches.patch(os, "_exit", _wrap_os_exit)
     if not _fork_hook:   # a forked child (a DataLoader worker) made none of its parent's calls
         _fork_hook = True
         os.register_at_fork(after_in_child=forget)
 
 
 def uninstall() -> None:
-    for (owner, name), orig in list(_originals.items()):
-        if getattr(getattr(owner, name, None), "__colltrace_original__", None) is orig:
-            setattr(owner, name, orig)
-    _originals.clear()
+    _patches.restore()
     detach()
     forget()
 

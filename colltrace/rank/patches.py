@@ -36,18 +36,21 @@ class Patches:
     """The patches and import watches one part of colltrace made, undone together."""
 
     def __init__(self) -> None:
-        self.made: list[tuple[object, str, object, object]] = []   # (owner, name, original, new), in the order made
+        # (owner, name, original, new, whether the original was the owner's own), in the order made
+        self.made: list[tuple[object, str, object, object, bool]] = []
         self.watches: list[Watch] = []
 
     def __len__(self) -> int:
         return len(self.made)
 
-    def patch(self, owner, name: str, factory, may_refuse: bool = False):
+    def patch(self, owner, name: str, factory, may_refuse: bool = False, inherited: bool = False):
         """owner.name = factory(original); the new attribute, or None where there is none to patch
-        (absent, or colltrace's already). A class's own attribute only (not one it inherits).
+        (absent, or colltrace's already). A class's own attribute only, unless `inherited`: then
+        one it inherits too, deleted again by restore() (the base's shows through as before).
         may_refuse: a pybind class, which may refuse the new attribute (TypeError, AttributeError),
         or a factory that cannot wrap its original: then it stays as it is (None)."""
-        orig = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
+        own = not isinstance(owner, type) or name in owner.__dict__
+        orig = owner.__dict__.get(name) if isinstance(owner, type) and not inherited else getattr(owner, name, None)
         if orig is None or hasattr(orig, ORIGINAL):
             return None
         if may_refuse:
@@ -59,12 +62,12 @@ class Patches:
         else:
             new = factory(orig)
             setattr(owner, name, new)
-        self.made.append((owner, name, orig, new))
+        self.made.append((owner, name, orig, new, own))
         return new
 
     def original(self, owner, name: str):
         """What owner.name was before it was patched here (None: not patched here)."""
-        for o, n, orig, _ in self.made:
+        for o, n, orig, _, _ in self.made:
             if o is owner and n == name:
                 return orig
         return None
@@ -73,7 +76,7 @@ class Patches:
         """{id(original): (original, new)} of the module attributes patched here, from the start-th
         patch on: what a by-name import made before (`from torch.distributed import all_reduce`)
         may still hold (shim._sweep). A class's attributes are reached through the class."""
-        return {id(orig): (orig, new) for owner, _, orig, new in self.made[start:] if not isinstance(owner, type)}
+        return {id(orig): (orig, new) for owner, _, orig, new, _ in self.made[start:] if not isinstance(owner, type)}
 
     def after_import(self, name: str, callback) -> "Watch":
         """after_import(), cancelled by restore()."""
@@ -82,13 +85,21 @@ class Patches:
         return watch
 
     def restore(self) -> None:
-        """Every original back, the last patch first; the watches not yet run cancelled."""
+        """Every original back, the last patch first; the watches not yet run cancelled. An
+        attribute replaced since (the user's own patch, pytest's monkeypatch, another tool's) is
+        left as it is: putting the original back would undo theirs."""
         for watch in self.watches:
             watch.cancel()
         self.watches.clear()
-        for owner, name, orig, _ in reversed(self.made):
+        for owner, name, orig, new, own in reversed(self.made):
             try:
-                setattr(owner, name, orig)
+                now = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
+                if now is not new:
+                    continue
+                if own:
+                    setattr(owner, name, orig)
+                else:
+                    delattr(owner, name)
             except Exception:   # torch's modules half torn down at exit: what stays patched goes with them
                 pass
         self.made.clear()

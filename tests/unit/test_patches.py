@@ -73,6 +73,38 @@ def test_what_is_colltrace_s_already_is_not_patched_twice():
     assert mod.f() == "f"
 
 
+def test_a_patch_made_over_colltrace_s_stays_when_colltrace_restores():
+    # the user's monkeypatch (or another tool's) on top of colltrace's wrapper is theirs to undo
+    mod = types.ModuleType("fake")
+    mod.exit = lambda: "exit"
+    p = patches.Patches()
+    p.patch(mod, "exit", wrap)
+
+    def users():
+        return "theirs"
+
+    mod.exit = users
+    p.restore()
+    assert mod.exit is users and len(p) == 0
+
+
+def test_an_inherited_method_patched_on_the_subclass_shows_through_again_after_restore():
+    class Base:
+        def capture_begin(self):
+            return "base"
+
+    class Graph(Base):
+        pass
+
+    p = patches.Patches()
+    assert p.patch(Graph, "capture_begin", wrap) is None   # not its own: left unless asked
+    new = p.patch(Graph, "capture_begin", wrap, inherited=True)
+    assert Graph.__dict__["capture_begin"] is new and Graph().capture_begin() == ("new", "base")
+    assert "capture_begin" not in Base.__dict__ or Base.__dict__["capture_begin"] is not new
+    p.restore()
+    assert "capture_begin" not in Graph.__dict__ and Graph().capture_begin() == "base"
+
+
 def test_a_class_that_refuses_the_attribute_stays_as_it_is():
     class Meta(type):
         def __setattr__(cls, name, value):
