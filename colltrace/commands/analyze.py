@@ -22,12 +22,10 @@ class AnalyzeCommand:
                                    "or a folder of Flight Recorder dumps")
         p.add_argument("--json", action="store_true",
                        help='print {"findings": [...], "culprits": [...], "warnings": [...], "stragglers": [...]}')
-        p.add_argument("--stall-s", type=flags.non_negative, default=None,
-                       help="stall threshold in seconds (default: the job's COLLTRACE_STALL_S; 0 for Flight "
-                            "Recorder dumps, which are written when a collective timed out)")
-        p.add_argument("--prefix", default=None,
-                       help="Flight Recorder dumps: the file name before the rank (default: the one prefix the "
-                            "rank-numbered files share, e.g. nccl_trace_rank_)")
+        flags.add_stall_s(p, "stall threshold in seconds (default: the job's COLLTRACE_STALL_S; 0 for Flight "
+                             "Recorder dumps, which are written when a collective timed out)")
+        flags.add_frdump_prefix(p, "Flight Recorder dumps: the file name before the rank (default: the one prefix "
+                                   "the rank-numbered files share, e.g. nccl_trace_rank_)")
 
     def run(self, args, parser) -> int:
         args.dir = postmortem.resolve(args.dir)

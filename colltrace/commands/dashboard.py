@@ -6,6 +6,8 @@ import os
 import sys
 from typing import cast
 
+from colltrace.commands import flags
+
 NEEDS = "the dashboard needs: pip install 'colltrace[dashboard]'"
 EXTRA = ("fastapi", "uvicorn", "jinja2", "prometheus_client", "fastapi_offline", "colltrace_dashboard")
 
@@ -45,10 +47,9 @@ class DashboardCommand:
                        help="read a running job through its TCPStore (MASTER_ADDR:MASTER_PORT) instead of a folder")
         p.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default 127.0.0.1: this machine only; any other needs a token)")
-        p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
+        p.add_argument("--port", type=flags.port, default=8765, help="port (default 8765; 0 picks a free one)")
         p.add_argument("--token", help="token every request must carry (default: $COLLTRACE_DASHBOARD_TOKEN)")
-        p.add_argument("--stall-s", type=float, default=None,
-                       help="stall threshold in seconds (default: the job's COLLTRACE_STALL_S)")
+        flags.add_stall_s(p, "stall threshold in seconds (default: the job's COLLTRACE_STALL_S)")
 
     def run(self, args, parser) -> int:
         from colltrace.errors import UsageError

@@ -18,9 +18,8 @@ class ExportCommand:
         p.add_argument("dir", help="the trace folder, or a folder of Flight Recorder dumps")
         p.add_argument("--perfetto", metavar="OUT.json", required=True,
                        help="the file to write (Chrome trace event JSON; open it in ui.perfetto.dev)")
-        p.add_argument("--prefix", default=None, help="Flight Recorder dumps: the file name before the rank")
-        p.add_argument("--stall-s", type=flags.non_negative, default=None,
-                       help="stall threshold for the findings drawn")
+        flags.add_frdump_prefix(p, "Flight Recorder dumps: the file name before the rank")
+        flags.add_stall_s(p, "stall threshold for the findings drawn")
 
     def run(self, args, parser) -> int:
         from colltrace.commands.analyze import judged, say_damage  # the verdict `colltrace analyze` shows

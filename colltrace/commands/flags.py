@@ -23,3 +23,24 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be 1 or more, not {text}")
     return value
+
+
+def port(text: str) -> int:
+    """A TCP port to listen on: 0 (any free one) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0-65535, not {text}")
+    return value
+
+
+def add_stall_s(p: argparse.ArgumentParser, help: str) -> None:
+    """The analyzer's stall threshold, as analyze, export and the dashboard take it."""
+    p.add_argument("--stall-s", type=non_negative, default=None, metavar="S", help=help)
+
+
+def add_frdump_prefix(p: argparse.ArgumentParser, help: str) -> None:
+    """Where the trace folder is one of Flight Recorder dumps: the file name before the rank."""
+    p.add_argument("--prefix", default=None, help=help)

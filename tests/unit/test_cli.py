@@ -81,6 +81,9 @@ def test_every_count_says_finding_the_same_way(tmp_path):
     ["dump", "DIR", "--from-store", "nohostport"],
     ["analyze", "RECORDED", "--stall-s", "-3"],
     ["export", "RECORDED", "--perfetto", "DIR/t.json", "--stall-s", "-3"],
+    ["dashboard", "RECORDED", "--stall-s", "-3"],     # the same flag as analyze's: the same check
+    ["dashboard", "RECORDED", "--stall-s", "nan"],
+    ["dashboard", "RECORDED", "--port", "70000"],
     ["dump", "RECORDED", "--last", "-1"],
     ["dump", "RECORDED", "--last", "0"],
     ["dump", "RECORDED", "--rank", "9"],
