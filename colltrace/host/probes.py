@@ -177,9 +177,9 @@ def live_stacks(directory: str, due: dict[int, tuple[int, dict]], py_spy_ok: boo
     # machine may schedule that thread late): the stack signal's handler then takes them instead
     late = sorted(r for r, got in out.items() if r in with_native and got[3] is None and due[r][1].get("native_stack"))
     if late:
-        by_signal(directory, {r: due[r] for r in late})
-        for rank in late:
-            out[rank] = out[rank][:3] + (_read_native(directory, rank),)
+        answered = by_signal(directory, {r: due[r] for r in late})
+        for rank in late:   # where the signal went unanswered, the file holds an older question's
+            out[rank] = out[rank][:3] + (_read_native(directory, rank) if answered[rank][0] is not None else None,)
     signalled = by_signal(directory, {r: due[r] for r in sorted(pending)})
     for rank in sorted(pending):
         pid, meta = due[rank]
