@@ -175,12 +175,11 @@ def live_stacks(directory: str, due: dict[int, tuple[int, dict]], py_spy_ok: boo
                     pending.discard(rank)
     # the rank's poller waits only briefly for its main thread to take its native frames (a loaded
     # machine may schedule that thread late): the stack signal's handler then takes them instead
+    # (signalled with the ranks that did not answer at all: one wait for both)
     late = sorted(r for r, got in out.items() if r in with_native and got[3] is None and due[r][1].get("native_stack"))
-    if late:
-        answered = by_signal(directory, {r: due[r] for r in late})
-        for rank in late:   # where the signal went unanswered, the file holds an older question's
-            out[rank] = out[rank][:3] + (_read_native(directory, rank) if answered[rank][0] is not None else None,)
-    signalled = by_signal(directory, {r: due[r] for r in sorted(pending)})
+    signalled = by_signal(directory, {r: due[r] for r in sorted(pending) + late})
+    for rank in late:   # where the signal went unanswered, the file holds an older question's
+        out[rank] = out[rank][:3] + (_read_native(directory, rank) if signalled[rank][0] is not None else None,)
     for rank in sorted(pending):
         pid, meta = due[rank]
         why = [f"in-process: no answer in {INPROC_WAIT_S:.1f} s (the GIL is held)"]

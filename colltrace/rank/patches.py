@@ -32,6 +32,11 @@ def mark(new, orig) -> None:
     setattr(new, ORIGINAL, orig)
 
 
+def _held(owner, name: str):
+    """What owner holds under name: a class's own attribute (not one it inherits), a module's."""
+    return owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
+
+
 class Patches:
     """The patches and import watches one part of colltrace made, undone together."""
 
@@ -50,7 +55,7 @@ class Patches:
         may_refuse: a pybind class, which may refuse the new attribute (TypeError, AttributeError),
         or a factory that cannot wrap its original: then it stays as it is (None)."""
         own = not isinstance(owner, type) or name in owner.__dict__
-        orig = owner.__dict__.get(name) if isinstance(owner, type) and not inherited else getattr(owner, name, None)
+        orig = getattr(owner, name, None) if inherited else _held(owner, name)
         if orig is None or hasattr(orig, ORIGINAL):
             return None
         if may_refuse:
@@ -93,8 +98,7 @@ class Patches:
         self.watches.clear()
         for owner, name, orig, new, own in reversed(self.made):
             try:
-                now = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
-                if now is not new:
+                if _held(owner, name) is not new:
                     continue
                 if own:
                     setattr(owner, name, orig)
