@@ -68,13 +68,18 @@ def _main_native(threads: list[dict]) -> list[dict] | None:
     return None
 
 
-def _read_native(directory: str, rank: int) -> list[dict] | None:
-    """The interrupted main thread's native frames colltrace's handler wrote on the stack signal."""
+def _native_text(directory: str, rank: int) -> str | None:
     try:
         with open(native.native_stack_path(directory, rank), errors="replace") as f:
-            return native.stack(f.read())
+            return f.read()
     except OSError:
         return None
+
+
+def _read_native(directory: str, rank: int) -> list[dict] | None:
+    """The main thread's native frames colltrace's handler wrote on the stack signal."""
+    text = _native_text(directory, rank)
+    return native.stack(text) if text is not None else None
 
 
 def _send_signal(directory: str, rank: int, pid: int, meta: dict) -> str | None:
@@ -137,6 +142,12 @@ def by_signal(directory: str, ranks: dict[int, tuple[int, dict]]) -> dict[int, t
                 size = 0
             if size and size == sizes.get(rank):   # written, and no longer growing
                 frames = _read_signal(directory, rank, ranks[rank][1])
+                # the native frames are the main thread's to write: where the signal landed on another
+                # thread, faulthandler's dump comes first, and they once the main thread runs
+                if frames is not None and ranks[rank][1].get("native_stack"):
+                    text = _native_text(directory, rank)
+                    if text is None or not native.stack_written(text):
+                        continue
                 if frames is not None:
                     out[rank] = (frames, None)
                     sent.remove(rank)

@@ -12,9 +12,10 @@
  * torch's, the program's, or the default action (the signal is delivered again with its default
  * disposition), so the exit status, the signal and any core dump are what they were untraced.
  *
- * The same handler on colltrace's stack signal (faulthandler's, SIGRTMIN+7) writes the interrupted
- * thread's frames for the watchdog before faulthandler's dump, and answers the rank's own poller
- * thread (main_stack) with the main thread's frames without faulthandler.
+ * The same handler on colltrace's stack signal (faulthandler's, SIGRTMIN+7) writes the main
+ * thread's frames for the watchdog beside faulthandler's dump (taken by the main thread itself,
+ * wherever the kernel delivered the watchdog's signal), and answers the rank's own poller thread
+ * (main_stack) with the main thread's frames without faulthandler.
  *
  * The uncaught C++ exception behind an abort is written by the terminate handler in
  * _terminate.cpp, where a C++ compiler built it.
@@ -58,6 +59,8 @@ static char mapped[MAX_FRAMES + 16];
 
 /* the rank's own poller asks for the main thread's frames (main_stack) */
 static volatile sig_atomic_t live_asked, live_done;
+/* the watchdog's signal to the process landed on another thread: the main thread writes its frames */
+static int forward_asked;
 static void *live_frames[MAX_FRAMES + 16];
 static volatile int live_count;
 
@@ -402,14 +405,33 @@ static void on_fatal(int sig, siginfo_t *info, void *uc)
 static void on_stack_signal(int sig, siginfo_t *info, void *uc)
 {
     int saved = errno;
-    if (info != NULL && info->si_code == SI_TKILL && info->si_pid == getpid() && live_asked != live_done) {
-        /* the rank's own poller asks (main_stack): the frames into memory, no faulthandler dump */
-        live_count = take_frames(live_frames, uc);
-        live_done = live_asked;
+    int on_main = (pid_t)syscall(SYS_gettid) == owner;
+    if (on_main && info != NULL && info->si_code == SI_TKILL && info->si_pid == getpid()) {
+        /* real-time signals queue: each question is answered by the first delivery after it, and
+         * a question its asker gave up on (main_stack's timeout) writes nothing */
+        if (live_asked != live_done) {
+            /* the rank's own poller asks (main_stack): the frames into memory, no faulthandler dump */
+            live_count = take_frames(live_frames, uc);
+            live_done = live_asked;
+        }
+        if (__atomic_exchange_n(&forward_asked, 0, __ATOMIC_SEQ_CST) && stack_fd >= 0
+            && !__atomic_exchange_n(&busy, 1, __ATOMIC_SEQ_CST)) {
+            /* forwarded below: the watchdog's question, faulthandler already answered it */
+            write_report(stack_fd, "stack", sig, info, uc);
+            __atomic_store_n(&busy, 0, __ATOMIC_SEQ_CST);
+        }
         errno = saved;
         return;
     }
-    if (stack_fd >= 0 && getpid() == owner && !__atomic_exchange_n(&busy, 1, __ATOMIC_SEQ_CST)) {
+    if (!on_main && stack_fd >= 0 && getpid() == owner) {
+        /* A signal sent to the process goes to any thread that does not block it, and the kernel
+         * passes over the main thread while it has another signal pending (a loaded machine that
+         * has not run it yet): the native frames asked for are the main thread's, so it is asked
+         * for them directly; faulthandler, chained from here, still dumps every thread's. */
+        __atomic_store_n(&forward_asked, 1, __ATOMIC_SEQ_CST);
+        syscall(SYS_tgkill, owner, owner, sig);
+    } else if (stack_fd >= 0 && getpid() == owner && !__atomic_exchange_n(&busy, 1, __ATOMIC_SEQ_CST)) {
+        __atomic_store_n(&forward_asked, 0, __ATOMIC_SEQ_CST);
         write_report(stack_fd, "stack", sig, info, uc);
         __atomic_store_n(&busy, 0, __ATOMIC_SEQ_CST);
     }

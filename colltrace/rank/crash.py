@@ -91,7 +91,7 @@ def install(directory: str, rank: int, handlers: list[str]) -> dict:
 
 def install_stack(directory: str, rank: int, sig: int | None) -> dict:
     """On colltrace's stack signal (faulthandler's registration, colltrace/tracefile/asks.py),
-    the interrupted thread's native frames first. Only where unwinding takes no lock of the
+    the main thread's native frames beside faulthandler's dump. Only where unwinding takes no lock of the
     loader's (glibc >= 2.35): a live rank interrupted while holding it must never wait for it."""
     if _crash is None or not sig or os.getpid() not in _state:
         return {}

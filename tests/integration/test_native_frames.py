@@ -161,7 +161,8 @@ from colltrace.tracefile import asks
 d = sys.argv[1]
 meta, keep = asks.install_signal(d, 0)
 crash.install(d, 0, [])
-if sys.argv[3] == "late":
+late = sys.argv[3] == "late"
+if late:
     crash.LIVE_WAIT_S = 0.0   # as on a loaded machine: the main thread takes its frames after the poller gave up
 meta.update(crash.install_stack(d, 0, meta["stack_signal"]))
 r = asks.StackResponder(d, 0, native=crash.main_stack)
@@ -172,16 +173,22 @@ threading.Thread(target=serve, daemon=True).start()
 lib = (ctypes.PyDLL if sys.argv[2] == "gil" else ctypes.CDLL)(os.environ["VICTIM_LIB"])
 import json; print(json.dumps(meta), flush=True)
 def hold():
-    lib.take_lock_twice()
+    if late:   # and, until it runs, the watchdog's signal to the process lands on another thread
+        lib.take_lock_twice_after_blocking(meta["stack_signal"], 1500)
+    else:
+        lib.take_lock_twice()
 hold()
 """
 
 
 @pytest.mark.parametrize("gil, route, when", [("free", "in-process", "soon"), ("free", "in-process", "late"),
                                              ("gil", "signal", "soon")])
-def test_a_live_ranks_native_frames_by_its_own_thread_or_by_the_stack_signal(tmp_path, victim_lib, gil, route, when):
+def test_a_live_ranks_native_frames_by_its_own_thread_or_by_the_stack_signal(tmp_path, victim_lib, gil, route, when,
+                                                                            monkeypatch):
     from colltrace.host import probes
 
+    if when == "late":   # the main thread answers once it runs again (1.5 s in): waited for, here
+        monkeypatch.setattr(probes, "SIGNAL_WAIT_S", 4.0)
     p = subprocess.Popen([sys.executable, "-c", LIVE_JOB, str(tmp_path), gil, when], stdout=subprocess.PIPE, text=True,
                          env={**os.environ, "VICTIM_LIB": victim_lib})
     try:
@@ -196,5 +203,7 @@ def test_a_live_ranks_native_frames_by_its_own_thread_or_by_the_stack_signal(tmp
     frames, how, why, native = got[0]
     assert how == route and frames[-1]["func"] == "hold", why
     names = [(fr["object"], fr["symbol"]) for fr in native]
-    assert ("libvictim.so", "take_lock_twice") in names, names[:8]
+    # the main thread's frames, never those of the thread the signal landed on (the poller's, asleep)
+    held = "take_lock_twice_after_blocking" if when == "late" else "take_lock_twice"
+    assert ("libvictim.so", held) in names, names[:8]
     assert native[0]["object"].startswith("libc.so")   # innermost: the lock's wait itself

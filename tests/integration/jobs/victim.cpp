@@ -1,6 +1,7 @@
 // A small native library the native-frames tests build with symbols (g++ -g): it crashes the
 // ways a custom kernel or extension does, and guards a fault with its own SIGSEGV handler.
 #include <pthread.h>
+#include <time.h>
 
 #include <csetjmp>
 #include <csignal>
@@ -63,6 +64,20 @@ static pthread_mutex_t the_lock = PTHREAD_MUTEX_INITIALIZER;
 __attribute__((noinline)) void take_lock_twice(void) {
     pthread_mutex_lock(&the_lock);
     pthread_mutex_lock(&the_lock);
+}
+
+// The main thread of a loaded machine, as a signal sees it: for `ms` it blocks `sig` (as a thread
+// that has another signal pending does), so a signal sent to the process lands on another thread;
+// then it takes the signal, and hangs in the lock.
+__attribute__((noinline)) void take_lock_twice_after_blocking(int sig, int ms) {
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, sig);
+    pthread_sigmask(SIG_BLOCK, &s, nullptr);
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&t, nullptr);
+    pthread_sigmask(SIG_UNBLOCK, &s, nullptr);
+    take_lock_twice();
 }
 
 }  // extern "C"
