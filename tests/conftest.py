@@ -90,6 +90,12 @@ class RanksJob:
             if p.poll() is None:
                 kill_tree(p.pid, walk=False, group=True)
 
+    def stop(self) -> None:
+        """The watchdog ended before the ranks, for a test that reads the findings afterwards: ranks
+        it saw vanish would be a finding of the test's own making (a dead rank)."""
+        kill_watchdogs(self.dir)
+        self.kill()
+
 
 def _job_starter(tmp_path):
     """start(script, nprocs, env=..., args=...) -> RanksJob, and a cleanup that kills them all."""

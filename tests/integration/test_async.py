@@ -83,7 +83,7 @@ def test_a_hung_functional_collective_is_named_at_its_line(gloo_job):
     from helpers.waiting import wait_until
 
     assert wait_until(lambda: findings(job.dir), 60), job.stderr(0)[-3000:]
-    job.kill()
+    job.stop()
     (f,) = findings(job.dir)
     assert f["kind"] == "stall" and f["missing_ranks"] == [1] and f["ranks"]["0"]["op"] == "funcol.all_reduce"
     assert loc("funcol_reduce", SCRIPT) in frames_line(f["ranks"]["0"])

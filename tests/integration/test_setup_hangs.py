@@ -8,6 +8,7 @@ nowhere."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -38,10 +39,11 @@ def jobs(module_gloo_job):
 
 
 def finding_of(job, timeout=90.0, consequences=()) -> dict:
-    """The job's one finding, once made (the job then killed); `consequences`: kinds of finding that
-    may follow it (a rank that then crashes: gloo's own)."""
+    """The job's one finding, once made, and no other for a second more (the job then stopped);
+    `consequences`: kinds of finding that may follow it (a rank that then crashes: gloo's own)."""
     assert wait_until(lambda: findings(job.dir), timeout), job.dir
-    job.kill()
+    time.sleep(1.0)
+    job.stop()
     f, *more = findings(job.dir)
     assert [x["kind"] for x in more if x["kind"] not in consequences] == [], [x["summary"] for x in more]
     return f
