@@ -68,18 +68,17 @@ def _main_native(threads: list[dict]) -> list[dict] | None:
     return None
 
 
-def _native_text(directory: str, rank: int) -> str | None:
+def _native_text(directory: str, rank: int) -> str:
     try:
         with open(native.native_stack_path(directory, rank), errors="replace") as f:
             return f.read()
     except OSError:
-        return None
+        return ""
 
 
 def _read_native(directory: str, rank: int) -> list[dict] | None:
     """The main thread's native frames colltrace's handler wrote on the stack signal."""
-    text = _native_text(directory, rank)
-    return native.stack(text) if text is not None else None
+    return native.stack(_native_text(directory, rank))
 
 
 def _send_signal(directory: str, rank: int, pid: int, meta: dict) -> str | None:
@@ -140,18 +139,16 @@ def by_signal(directory: str, ranks: dict[int, tuple[int, dict]]) -> dict[int, t
                 size = os.path.getsize(stack_signal_path(directory, rank))
             except OSError:
                 size = 0
-            if size and size == sizes.get(rank):   # written, and no longer growing
-                frames = _read_signal(directory, rank, ranks[rank][1])
-                # the native frames are the main thread's to write: where the signal landed on another
-                # thread, faulthandler's dump comes first, and they once the main thread runs
-                if frames is not None and ranks[rank][1].get("native_stack"):
-                    text = _native_text(directory, rank)
-                    if text is None or not native.stack_written(text):
-                        continue
-                if frames is not None:
-                    out[rank] = (frames, None)
-                    sent.remove(rank)
+            written = size and size == sizes.get(rank)   # written, and no longer growing
             sizes[rank] = size
+            frames = _read_signal(directory, rank, ranks[rank][1]) if written else None
+            # the native frames are the main thread's to write: where the signal landed on another
+            # thread, faulthandler's dump comes first, and they once the main thread runs
+            if frames is None or (ranks[rank][1].get("native_stack")
+                                  and not native.stack_written(_native_text(directory, rank))):
+                continue
+            out[rank] = (frames, None)
+            sent.remove(rank)
     for rank in sent:
         frames = _read_signal(directory, rank, ranks[rank][1])
         out[rank] = (frames, None) if frames is not None else (

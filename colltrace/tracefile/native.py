@@ -138,12 +138,17 @@ def crash(text: str, pid: int | None = None) -> dict | None:
             "returned": b["returned"], "complete": b["complete"]}
 
 
+def _answers(text: str) -> list[dict]:
+    """The complete answers to the stack signal, oldest first."""
+    return [b for b in parse(text) if b["what"] == "stack" and b["complete"]]
+
+
 def stack_written(text: str) -> bool:
     """Whether a complete answer to the stack signal is there (its frames not yet named)."""
-    return any(b["what"] == "stack" and b["complete"] for b in parse(text))
+    return bool(_answers(text))
 
 
 def stack(text: str) -> list[dict] | None:
     """The native frames of the last complete answer to the stack signal, None if none yet."""
-    done = [b for b in parse(text) if b["what"] == "stack" and b["complete"]]
+    done = _answers(text)
     return frames(done[-1]["frames"]) if done else None
